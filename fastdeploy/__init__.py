@@ -1,0 +1,14 @@
+"""PaddlePaddle-native LLM inference with FastDeploy's offline API.
+
+    from fastdeploy import LLM, SamplingParams
+"""
+from fastdeploy.platforms.cpu import prepare_environment
+
+prepare_environment()  # must run before the first `import paddle`
+
+from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
+from fastdeploy.engine.sampling_params import SamplingParams  # noqa: E402
+from fastdeploy.entrypoints.llm import LLM  # noqa: E402
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+__version__ = "0.1.0"

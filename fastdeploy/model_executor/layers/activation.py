@@ -1,0 +1,9 @@
+"""SwiGLU activation (Shazeer 2020): silu(gate) * up on a fused [gate | up] projection."""
+import paddle
+import paddle.nn.functional as F
+
+
+def silu_and_mul(gate_up: paddle.Tensor) -> paddle.Tensor:
+    # gate_up: [num_tokens, 2 * intermediate] -> [num_tokens, intermediate]
+    gate, up = paddle.chunk(gate_up, 2, axis=-1)
+    return F.silu(gate) * up

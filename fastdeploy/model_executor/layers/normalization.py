@@ -1,0 +1,8 @@
+"""RMSNorm (Zhang & Sennrich 2019), computed in fp32 as transformers' LlamaRMSNorm."""
+import paddle
+
+
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    # x: [num_tokens, hidden]; weight: [hidden]
+    variance = x.pow(2).mean(axis=-1, keepdim=True)
+    return x * paddle.rsqrt(variance + eps) * weight

@@ -1,0 +1,107 @@
+"""Open a llama.cpp GGUF file: config and tokenizer from its metadata, tensors dequantized.
+
+Tensors are dequantized to float32 with the `gguf` package and renamed to Hugging Face names.
+llama.cpp's converter permutes the rows of Llama's Q and K projections (to turn the rotate-half
+RoPE layout into the interleaved one it computes with); `unpermute_qk` undoes it, as
+transformers' GGUF loader does.
+"""
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from fastdeploy.model_executor.model_loader.source import ModelSource
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """Hugging Face name of a GGUF tensor; raises ValueError for a tensor we do not know."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} is not understood by this engine's Llama loader")
+
+
+def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation. weight: [num_heads * head_dim, hidden] (or [rows])."""
+    rows = weight.shape[0]
+    w = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_hf_config(reader, arch: str) -> dict:
+    from fastdeploy.input.gguf_tokenizer import gguf_metadata_value as meta
+
+    heads = meta(reader, f"{arch}.attention.head_count")
+    hidden = meta(reader, f"{arch}.embedding_length")
+    names = {t.name for t in reader.tensors}
+    vocab = meta(reader, f"{arch}.vocab_size") or len(meta(reader, "tokenizer.ggml.tokens"))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": meta(reader, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": meta(reader, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta(reader, f"{arch}.attention.head_count_kv", heads),
+        "head_dim": meta(reader, f"{arch}.attention.key_length", hidden // heads),
+        "rms_norm_eps": meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": meta(reader, f"{arch}.rope.freq_base", 10000.0),
+        "max_position_embeddings": meta(reader, f"{arch}.context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in names,
+    }
+
+
+def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, np.ndarray]]:
+    import gguf
+
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        if name.endswith("q_proj.weight"):
+            array = unpermute_qk(array, hf_config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            array = unpermute_qk(array, hf_config["num_key_value_heads"])
+        yield name, array
+
+
+def open_gguf(path: Path) -> ModelSource:
+    import gguf
+
+    from fastdeploy.input.gguf_tokenizer import gguf_metadata_value, load_gguf_tokenizer
+
+    reader = gguf.GGUFReader(str(path))
+    arch = gguf_metadata_value(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} in {path} is not supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
+        )
+    hf_config = gguf_hf_config(reader, arch)
+    return ModelSource(
+        hf_config=hf_config,
+        generation_config={},
+        tokenizer=load_gguf_tokenizer(reader),
+        weights=lambda: iter_gguf_tensors(reader, hf_config),
+    )

@@ -1,0 +1,84 @@
+"""Open a Hugging Face layout directory: config.json, safetensors (+ index), tokenizer, templates."""
+import json
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import paddle
+
+from fastdeploy.model_executor.model_loader.source import ModelSource
+
+logger = logging.getLogger(__name__)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's shards: from model.safetensors.index.json if present, else *.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(_read_json(index)["weight_map"].values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} lists shards that are missing: {missing}")
+        return [model_dir / n for n in names]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (name, float32 array) one at a time; bf16/fp16 checkpoints are upcast.
+
+    safetensors' paddle reader is used because numpy has no bfloat16.
+    """
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(str(path), framework="paddle") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                if tensor.dtype != paddle.float32:
+                    tensor = tensor.astype("float32")
+                yield name, tensor.numpy()
+
+
+def load_hf_tokenizer(model_dir: Path):
+    """The directory's tokenizer via transformers (tokenizer layer only), chat template included.
+
+    The template comes from tokenizer_config.json or chat_template.jinja (transformers reads both).
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    jinja = model_dir / "chat_template.jinja"
+    if getattr(tokenizer, "chat_template", None) is None and jinja.is_file():
+        tokenizer.chat_template = jinja.read_text(encoding="utf-8")
+    return tokenizer
+
+
+def open_hf_dir(model_dir: Path) -> ModelSource:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json: expected a Hugging Face layout directory "
+            "(config.json, *.safetensors, tokenizer files) or a .gguf file"
+        )
+    hf_config = _read_json(config_path)
+    gen_path = model_dir / "generation_config.json"
+    generation_config = _read_json(gen_path) if gen_path.is_file() else {}
+    files = safetensors_files(model_dir)
+    return ModelSource(
+        hf_config=hf_config,
+        generation_config=generation_config,
+        tokenizer=load_hf_tokenizer(model_dir),
+        weights=lambda: iter_safetensors(files),
+    )

@@ -1,0 +1,21 @@
+"""What a model loader hands the engine: config, tokenizer and a stream of weights (HF names)."""
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+
+@dataclass
+class ModelSource:
+    """A model opened from disk, weights not yet read.
+
+    Attributes:
+        hf_config: config.json as a dict (for GGUF: built from the metadata).
+        generation_config: generation_config.json as a dict ({} when absent).
+        tokenizer: a transformers tokenizer with its chat template (None if it has none).
+        weights: yields (Hugging Face parameter name, float32 numpy array in HF layout [out, in]) one
+            tensor at a time, so loading never holds two copies of the model.
+    """
+
+    hf_config: dict
+    generation_config: dict
+    tokenizer: Any
+    weights: Callable[[], Iterator[tuple[str, Any]]]

