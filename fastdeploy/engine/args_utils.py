@@ -109,6 +109,12 @@ class EngineArgs:
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if self.num_gpu_blocks_override is not None:
             num_blocks = self.num_gpu_blocks_override
+            if num_blocks - 1 < blocks_per_seq:
+                raise ValueError(
+                    f"num_gpu_blocks_override={num_blocks} leaves {num_blocks - 1} usable blocks (block 0 is the "
+                    f"null block), but one max_model_len={self.max_model_len} sequence needs {blocks_per_seq} "
+                    f"blocks of {self.block_size} tokens: raise it to at least {blocks_per_seq + 1} or lower max_model_len"
+                )
         else:
             num_blocks = self._blocks_from_memory(model_config, weights_bytes, blocks_per_seq)
         logger.info("total_block_num:%d (block_size %d, %d tokens)", num_blocks, self.block_size,
