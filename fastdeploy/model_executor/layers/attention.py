@@ -45,11 +45,10 @@ class PrefillItem:
 
 @dataclass
 class AttentionMetadata:
-    write_rows: np.ndarray  # [num_tokens * kv_heads] cache row of each new (token, kv head)
-    write_offsets: np.ndarray  # [num_tokens * kv_heads] offset inside the block
+    write_slots: np.ndarray  # [num_tokens * kv_heads] row of each new (token, kv head) in the flat cache
     num_decode: int  # requests with one query token; they come first in the batch
     decode_gather_rows: np.ndarray  # [num_decode * kv_heads * max_blocks]
-    decode_mask: paddle.Tensor  # [num_decode, 1, 1, max_blocks * block_size]
+    decode_mask: paddle.Tensor  # [num_decode, kv_heads, group, max_blocks * block_size]
     prefills: list[PrefillItem]
     num_decode_blocks: int
 
@@ -74,8 +73,8 @@ class PaddleAttentionBackend:
         """Per-step indices and masks shared by every layer."""
         kvh, bs = self.num_kv_heads, self.block_size
         slots = meta.slot_mapping
-        write_rows = ((slots // bs)[:, None] * kvh + np.arange(kvh)[None, :]).reshape(-1)
-        write_offsets = np.repeat(slots % bs, kvh)
+        rows = (slots // bs)[:, None] * kvh + np.arange(kvh)[None, :]  # [num_tokens, kv_heads]
+        write_slots = (rows * bs + (slots % bs)[:, None]).reshape(-1)
         is_decode = meta.seq_lens_this_time == 1
         decode_ids = np.nonzero(is_decode)[0]
         prefills = [self._prefill_item(meta, i) for i in np.nonzero(~is_decode)[0]]
@@ -87,10 +86,12 @@ class PaddleAttentionBackend:
             num_blocks = int(-(-kv_lens.max() // bs))
             decode_gather = _gather_rows(meta.block_tables[decode_ids, :num_blocks], kvh)
             valid = np.arange(num_blocks * bs)[None, :] < kv_lens[:, None]
-            decode_mask = _as_paddle(np.where(valid, 0.0, -np.inf).astype(np.float32)[:, None, None, :])
+            mask = np.where(valid, 0.0, -np.inf).astype(np.float32)[:, None, None, :]
+            # expanded to the score shape: Paddle's CPU broadcasting add is ~50x slower than same-shape
+            mask = np.ascontiguousarray(np.broadcast_to(mask, (len(decode_ids), kvh, self.group, mask.shape[-1])))
+            decode_mask = _as_paddle(mask)
         return AttentionMetadata(
-            write_rows=write_rows,
-            write_offsets=write_offsets,
+            write_slots=write_slots,
             num_decode=len(decode_ids),
             decode_gather_rows=decode_gather,
             decode_mask=decode_mask,
@@ -121,8 +122,8 @@ class PaddleAttentionBackend:
         # key_cache, value_cache: [num_blocks * kv_heads, block_size, head_dim]
         # returns [num_tokens, heads * head_dim]
         dim = self.head_dim
-        key_cache[meta.write_rows, meta.write_offsets] = _as_numpy(k.contiguous()).reshape(-1, dim)
-        value_cache[meta.write_rows, meta.write_offsets] = _as_numpy(v.contiguous()).reshape(-1, dim)
+        key_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(k.contiguous()).reshape(-1, dim)
+        value_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(v.contiguous()).reshape(-1, dim)
         q = q * self.scale
         outputs = []
         if meta.num_decode:

@@ -45,12 +45,17 @@ class RotaryEmbedding:
         self.cos = paddle.to_tensor(np.cos(angles))
         self.sin_signed = paddle.to_tensor(np.sin(angles) * sign)  # rotate_half's sign folded in
 
-    def tables(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """cos, signed sin for the step's tokens: each [num_tokens, 1, head_dim]."""
+    def tables(self, positions: paddle.Tensor, num_heads: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """cos, signed sin for the step's tokens, each [num_tokens, num_heads, head_dim].
+
+        Expanded to full shape once per step: Paddle's CPU elementwise kernels are ~25x slower
+        when broadcasting over a middle axis than on same-shape operands.
+        """
         cos = paddle.gather(self.cos, positions).unsqueeze(1)
         sin = paddle.gather(self.sin_signed, positions).unsqueeze(1)
-        return cos, sin
+        shape = [positions.shape[0], num_heads, cos.shape[-1]]
+        return cos.expand(shape).contiguous(), sin.expand(shape).contiguous()
 
     def apply(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-        # x: [num_tokens, num_heads, head_dim]; rotate_half(x) = [-x2, x1] = roll(x, half) * sign
+        # x, cos, sin: [num_tokens, num_heads, head_dim]; rotate_half(x) = [-x2, x1] = roll(x, half) * sign
         return x * cos + paddle.roll(x, self.half, axis=-1) * sin

@@ -79,7 +79,7 @@ class LlamaForCausalLM:
     def forward(self, meta: ForwardMeta, kv_caches: list) -> paddle.Tensor:
         """Logits [num_sampled, vocab] at meta.logits_indices; writes this step's K/V into kv_caches."""
         attn_meta = self.attention.init_attention_metadata(meta)
-        cos, sin = self.rope.tables(meta.positions)
+        cos, sin = self.rope.tables(meta.positions, self.config.num_attention_heads + self.config.num_key_value_heads)
         hidden = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens)  # [n, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer.forward(hidden, self.rope, cos, sin, self.attention, kv_cache, attn_meta)
