@@ -40,11 +40,12 @@ def our_prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    "tie,rope_style",
-    [(False, "rope_parameters"), (True, "top_level"), (False, "rope_scaling")],
+    "tie,rope_style,shard",
+    [(False, "rope_parameters", "1GB"), (True, "top_level", "1GB"), (False, "rope_scaling", "100KB")],
 )
-def test_logits_and_greedy_match_transformers(tmp_path, tie, rope_style):
-    hf = make_tiny_llama(tmp_path, tie=tie, rope_style=rope_style)
+def test_logits_and_greedy_match_transformers(tmp_path, tie, rope_style, shard):
+    hf = make_tiny_llama(tmp_path, tie=tie, rope_style=rope_style, max_shard_size=shard)
+    assert (tmp_path / "model.safetensors.index.json").exists() == (shard == "100KB")
     llm = LLM(model=str(tmp_path), max_model_len=512, num_gpu_blocks_override=64)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
@@ -62,3 +63,19 @@ def test_logits_and_greedy_match_transformers(tmp_path, tie, rope_style):
             ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
         assert output.outputs.token_ids == ref[0, len(prompt):].tolist()
     assert len(set(t for o in outputs for t in o.outputs.token_ids)) > 4  # continuations vary
+
+
+def test_model_name_resolves_from_local_hf_cache(tmp_path, monkeypatch):
+    """A name that is not a path is found in the HF cache layout (refs/main -> snapshot), offline."""
+    snapshot = tmp_path / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    hf = make_tiny_llama(snapshot)
+    (tmp_path / "hub" / "models--tiny-org--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--tiny-org--tiny-llama" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    llm = LLM(model="tiny-org/tiny-llama", max_model_len=256, num_gpu_blocks_override=8)
+    prompt = [5, 17, 300, 42]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
+    assert out.outputs.token_ids == ref[0, len(prompt):].tolist()

@@ -28,12 +28,14 @@ def write_tokenizer(path: Path) -> None:
     fast.save_pretrained(str(path))
 
 
-def make_tiny_llama(path: Path, tie: bool = False, rope_style: str = "rope_parameters", seed: int = 0):
+def make_tiny_llama(path: Path, tie: bool = False, rope_style: str = "rope_parameters", seed: int = 0,
+                    max_shard_size: str = "1GB"):
     """Save a random 2-layer Llama (GQA 4:2) at `path`; returns the transformers model (float32).
 
     rope_style: where config.json keeps rope_theta: "rope_parameters" (transformers >= 5),
     "top_level", or "rope_scaling" (with llama3 scaling, as Llama 3.1 configs do).
     initializer_range 0.2 so greedy continuations vary instead of repeating one token.
+    A small max_shard_size writes several safetensors shards with an index.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -52,7 +54,7 @@ def make_tiny_llama(path: Path, tie: bool = False, rope_style: str = "rope_param
     else:
         config.rope_parameters = {"rope_type": "default", "rope_theta": 50000.0}
     model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(str(path))
+    model.save_pretrained(str(path), max_shard_size=max_shard_size)
     write_tokenizer(path)
     _rewrite_rope_config(path / "config.json", rope_style)
     return model
