@@ -23,7 +23,7 @@ msg2 = [
 
 def main() -> None:
     model = sys.argv[1] if len(sys.argv) > 1 else None  # None: the default model
-    sampling_params = SamplingParams(top_p=0.95, max_tokens=128, seed=0)
+    sampling_params = SamplingParams(temperature=0.2, top_p=0.95, max_tokens=128, seed=0)
     llm = LLM(model=model, tensor_parallel_size=1, max_model_len=2048)
 
     for output in llm.generate(prompts, sampling_params):
