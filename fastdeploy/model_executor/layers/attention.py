@@ -118,12 +118,14 @@ class PaddleAttentionBackend:
         value_cache: np.ndarray,
         meta: AttentionMetadata,
     ) -> paddle.Tensor:
-        # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim]
+        # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] or
+        # [num_tokens, kv_heads * head_dim], strided views allowed (read through DLPack, not copied)
         # key_cache, value_cache: [num_blocks * kv_heads, block_size, head_dim]
         # returns [num_tokens, heads * head_dim]
-        dim = self.head_dim
-        key_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(k.contiguous()).reshape(-1, dim)
-        value_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(v.contiguous()).reshape(-1, dim)
+        n, kvh, dim = q.shape[0], self.num_kv_heads, self.head_dim
+        slots = meta.write_slots.reshape(n, kvh)
+        key_cache.reshape(-1, dim)[slots] = _as_numpy(k).reshape(n, kvh, dim)
+        value_cache.reshape(-1, dim)[slots] = _as_numpy(v).reshape(n, kvh, dim)
         q = q * self.scale
         outputs = []
         if meta.num_decode:

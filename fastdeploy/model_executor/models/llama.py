@@ -52,8 +52,8 @@ class LlamaDecoderLayer:
             qkv = qkv + w["qkv_bias"]
         qk = qkv[:, : self.q_size + self.kv_size].reshape([n, self.num_heads + self.num_kv_heads, self.head_dim])
         qk = rope.apply(qk, cos, sin)
-        q, k = paddle.split(qk, [self.num_heads, self.num_kv_heads], axis=1)
-        v = qkv[:, self.q_size + self.kv_size :].reshape([n, self.num_kv_heads, self.head_dim])
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # views, no copies
+        v = qkv[:, self.q_size + self.kv_size :]  # [n, kv_size] view
         attn = attention.forward(q, k, v, kv_cache[0], kv_cache[1], attn_meta)  # [n, q_size]
         attn = paddle.matmul(attn, w["o_proj"])
         if "o_proj_bias" in w:
