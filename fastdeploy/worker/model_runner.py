@@ -1,7 +1,7 @@
 """Model runner: scheduled requests -> one ragged batch -> forward -> one sampled token per request.
 
-Owns the model and the KV cache. Requests with one query token (decode) are placed first in the
-batch, as the attention backend expects. A request samples a token only when this step brings its
+Owns the model and the KV cache. The batch is ordered by query length (decodes first), so the
+attention backend can attend neighbours of similar length together. A request samples a token only when this step brings its
 whole sequence into the cache (a prompt chunk that leaves tokens for later samples nothing).
 """
 import numpy as np
@@ -34,7 +34,7 @@ class ModelRunner:
     @paddle.no_grad()
     def execute(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, int]]:
         """Run one step; returns (request, sampled token id) for requests that sample."""
-        order = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)  # decode first, stable
+        order = sorted(scheduled, key=lambda s: s.num_new_tokens)  # decodes first: attention groups by length
         meta, sampling_requests = self._prepare(order)
         logits = self.model.forward(meta, self.kv_caches)  # [num_sampled, vocab]
         if not sampling_requests:

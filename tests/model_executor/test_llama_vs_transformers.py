@@ -13,7 +13,7 @@ from fastdeploy.model_executor.forward_meta import ForwardMeta
 
 from tiny_llama import VOCAB_SIZE, make_tiny_llama
 
-PROMPT_LENGTHS = [1, 7, 64, 65, 130]  # around block boundaries of block_size 64
+PROMPT_LENGTHS = [1, 7, 64, 65, 130, 300]  # around block boundaries of block_size 64; 300 is a long prefill
 
 
 def our_prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
@@ -79,3 +79,17 @@ def test_model_name_resolves_from_local_hf_cache(tmp_path, monkeypatch):
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8)
     assert out.outputs.token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_chunked_prefill_gives_the_same_greedy_tokens(tmp_path):
+    """Prompts split over many steps (history + multi-token queries, mixed with decodes)."""
+    hf = make_tiny_llama(tmp_path)
+    llm = LLM(model=str(tmp_path), max_model_len=512, num_gpu_blocks_override=64,
+              enable_chunked_prefill=True, max_num_batched_tokens=48)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, VOCAB_SIZE, size=n).tolist() for n in (5, 100, 33, 290)]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16, min_new_tokens=16)
+        assert output.outputs.token_ids == ref[0, len(prompt):].tolist()

@@ -10,12 +10,15 @@ is already `[kv_heads, blocks * block_size, head_dim]`. The gathers and cache wr
 (shared with Paddle through DLPack, no copies) because Paddle's CPU gather moves ~2.5 GB/s, a
 fifth of numpy's; the arithmetic runs in Paddle.
 
-Decode requests (one query token; the model runner puts them first in the batch) are attended
-together in one batched matmul; prefill requests (prompt chunks) one at a time, in query blocks of `PREFILL_QUERY_BLOCK` rows to bound the score
-matrix. Decode never goes through `scaled_dot_product_attention` (its CPU kernel is 3x slower at
-query length 1).
+Requests are attended in groups, padded to the group's longest query and history, with one batched
+matmul per group: the model runner orders the batch by query length (decodes first), and
+consecutive requests share a group while padding at most doubles their query rows. A request with
+more than `MAX_BATCHED_QUERY` query tokens (a long prompt) is attended alone, in query blocks of
+`MAX_BATCHED_QUERY` rows to bound the score matrix. Decode never goes through
+`scaled_dot_product_attention` (its CPU kernel is 3x slower at query length 1).
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import paddle
@@ -24,7 +27,7 @@ import paddle.nn.functional as F
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 
-PREFILL_QUERY_BLOCK = 1024
+MAX_BATCHED_QUERY = 256
 
 
 def _as_paddle(array: np.ndarray) -> paddle.Tensor:
@@ -36,21 +39,36 @@ def _as_numpy(tensor: paddle.Tensor) -> np.ndarray:
 
 
 @dataclass
-class PrefillItem:
-    token_start: int  # first row of this request in the flattened batch
-    num_tokens: int  # query tokens this step
-    gather_rows: np.ndarray  # [kv_heads * num_blocks] cache rows of its sequence
-    mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask (0 / -inf)
+class AttentionGroup:
+    """Requests attended together: rows token_start .. token_start + num_tokens of the batch."""
+
+    token_start: int
+    num_tokens: int
+    num_requests: int
+    max_query: int
+    gather_rows: np.ndarray  # [num_requests * kv_heads * num_blocks] cache rows of their histories
+    mask: np.ndarray  # [num_requests, kv_heads, group, max_query, num_blocks * block_size] 0 / -inf
+    # Row permutations between the batch layout [tokens * heads] and the grouped layout
+    # [num_requests * kv_heads * group * max_query] (queries padded by repeating the last one);
+    # None when they coincide (decode: max_query 1).
+    to_grouped: Optional[np.ndarray]
+    from_grouped: Optional[np.ndarray]
 
 
 @dataclass
 class AttentionMetadata:
-    write_slots: np.ndarray  # [num_tokens * kv_heads] row of each new (token, kv head) in the flat cache
-    num_decode: int  # requests with one query token; they come first in the batch
-    decode_gather_rows: np.ndarray  # [num_decode * kv_heads * max_blocks]
-    decode_mask: paddle.Tensor  # [num_decode, kv_heads, group, max_blocks * block_size]
-    prefills: list[PrefillItem]
-    num_decode_blocks: int
+    write_slots: np.ndarray  # [num_tokens, kv_heads] row of each new (token, kv head) in the flat cache
+    groups: list  # AttentionGroup for short queries, LongPrefill for long ones, in batch order
+
+
+@dataclass
+class LongPrefill:
+    token_start: int
+    num_tokens: int
+    gather_rows: np.ndarray  # [kv_heads * num_blocks]
+    mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask
+    to_grouped: np.ndarray  # [kv_heads * group * num_tokens] batch row (token * heads + head) of each
+    from_grouped: np.ndarray  # [num_tokens * heads] grouped row of each (token, head)
 
 
 def _gather_rows(block_table: np.ndarray, kv_heads: int) -> np.ndarray:
@@ -58,6 +76,51 @@ def _gather_rows(block_table: np.ndarray, kv_heads: int) -> np.ndarray:
     blocks = np.where(block_table < 0, NULL_BLOCK_ID, block_table)
     heads = np.arange(kv_heads, dtype=np.int64)
     return (blocks[..., None, :] * kv_heads + heads[:, None]).reshape(-1)
+
+
+def _causal_mask(history: np.ndarray, queries: np.ndarray, max_query: int, length: int) -> np.ndarray:
+    """[n, max_query, length] additive mask: query i of request r sees keys 0 .. history[r] + i."""
+    query_pos = history[:, None] + np.arange(max_query)[None, :]  # [n, max_query]
+    visible = np.arange(length)[None, None, :] <= query_pos[:, :, None]
+    return np.where(visible, 0.0, -np.inf).astype(np.float32)
+
+
+def _group_permutations(offsets: np.ndarray, query_lens: np.ndarray, kv_heads: int, group: int):
+    """(to_grouped, from_grouped) row indices; see AttentionGroup. offsets: first token of each request."""
+    n, max_query, heads = len(offsets), int(query_lens.max()), kv_heads * group
+    slot = np.minimum(np.arange(max_query)[None, :], query_lens[:, None] - 1)  # [n, t]
+    token = offsets[:, None] + slot  # [n, t], padding repeats the last query
+    head = np.arange(heads).reshape(kv_heads, group)
+    to_grouped = token[:, None, None, :] * heads + head[None, :, :, None]  # [n, kvh, group, t]
+    position = np.arange(n * heads * max_query).reshape(n, kv_heads, group, max_query)
+    real = np.arange(max_query)[None, :] < query_lens[:, None]  # [n, t]
+    from_grouped = position.transpose(0, 3, 1, 2)[real]  # [num_tokens, kvh, group] in token order
+    return to_grouped.reshape(-1), from_grouped.reshape(-1)
+
+
+def _permute_rows(x: paddle.Tensor, index: np.ndarray, shape: list) -> paddle.Tensor:
+    """Rows of x (contiguous, viewed as [-1, last dim]) taken in `index` order, reshaped."""
+    rows = _as_numpy(x)
+    return _as_paddle(np.take(rows.reshape(-1, rows.shape[-1]), index, axis=0).reshape(shape))
+
+
+def split_into_groups(query_lens: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) request ranges: consecutive requests whose padded query rows stay <= 2x real."""
+    groups, start = [], 0
+    while start < len(query_lens):
+        if query_lens[start] > MAX_BATCHED_QUERY:
+            groups.append((start, start + 1))
+            start += 1
+            continue
+        end, longest, total = start + 1, query_lens[start], query_lens[start]
+        while end < len(query_lens) and query_lens[end] <= MAX_BATCHED_QUERY:
+            new_longest, new_total = max(longest, query_lens[end]), total + query_lens[end]
+            if new_longest * (end + 1 - start) > 2 * new_total:
+                break
+            end, longest, total = end + 1, new_longest, new_total
+        groups.append((start, end))
+        start = end
+    return groups
 
 
 class PaddleAttentionBackend:
@@ -69,46 +132,57 @@ class PaddleAttentionBackend:
         self.group = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
 
+    # ---- per step ----------------------------------------------------------------------------
     def init_attention_metadata(self, meta: ForwardMeta) -> AttentionMetadata:
         """Per-step indices and masks shared by every layer."""
         kvh, bs = self.num_kv_heads, self.block_size
         slots = meta.slot_mapping
         rows = (slots // bs)[:, None] * kvh + np.arange(kvh)[None, :]  # [num_tokens, kv_heads]
-        write_slots = (rows * bs + (slots % bs)[:, None]).reshape(-1)
-        is_decode = meta.seq_lens_this_time == 1
-        decode_ids = np.nonzero(is_decode)[0]
-        prefills = [self._prefill_item(meta, i) for i in np.nonzero(~is_decode)[0]]
-        num_blocks = 0
-        decode_mask = None
-        decode_gather = np.zeros(0, np.int64)
-        if len(decode_ids):
-            kv_lens = meta.seq_lens_decoder[decode_ids] + 1  # [num_decode]
-            num_blocks = int(-(-kv_lens.max() // bs))
-            decode_gather = _gather_rows(meta.block_tables[decode_ids, :num_blocks], kvh)
-            valid = np.arange(num_blocks * bs)[None, :] < kv_lens[:, None]
-            mask = np.where(valid, 0.0, -np.inf).astype(np.float32)[:, None, None, :]
-            # expanded to the score shape: Paddle's CPU broadcasting add is ~50x slower than same-shape
-            mask = np.ascontiguousarray(np.broadcast_to(mask, (len(decode_ids), kvh, self.group, mask.shape[-1])))
-            decode_mask = _as_paddle(mask)
-        return AttentionMetadata(
-            write_slots=write_slots,
-            num_decode=len(decode_ids),
-            decode_gather_rows=decode_gather,
-            decode_mask=decode_mask,
-            prefills=prefills,
-            num_decode_blocks=num_blocks,
+        groups = []
+        for start, end in split_into_groups(meta.seq_lens_this_time):
+            if end - start == 1 and meta.seq_lens_this_time[start] > MAX_BATCHED_QUERY:
+                groups.append(self._long_prefill(meta, start))
+            else:
+                groups.append(self._group(meta, start, end))
+        return AttentionMetadata(write_slots=rows * bs + (slots % bs)[:, None], groups=groups)
+
+    def _group(self, meta: ForwardMeta, start: int, end: int) -> AttentionGroup:
+        query_lens = meta.seq_lens_this_time[start:end]
+        history = meta.seq_lens_decoder[start:end]
+        n, max_query = end - start, int(query_lens.max())
+        num_blocks = int(-(-(history + query_lens).max() // self.block_size))
+        length = num_blocks * self.block_size
+        mask = _causal_mask(history, query_lens, max_query, length)
+        # expanded to the score shape: Paddle's CPU broadcasting add is ~50x slower than same-shape
+        mask = np.ascontiguousarray(
+            np.broadcast_to(mask[:, None, None], (n, self.num_kv_heads, self.group, max_query, length))
+        )
+        token_start = int(meta.cu_seqlens_q[start])
+        to_grouped = from_grouped = None
+        if max_query > 1:
+            offsets = meta.cu_seqlens_q[start:end] - token_start
+            to_grouped, from_grouped = _group_permutations(offsets, query_lens, self.num_kv_heads, self.group)
+        return AttentionGroup(
+            token_start=token_start,
+            num_tokens=int(query_lens.sum()),
+            num_requests=n,
+            max_query=max_query,
+            gather_rows=_gather_rows(meta.block_tables[start:end, :num_blocks], self.num_kv_heads),
+            mask=mask,
+            to_grouped=to_grouped,
+            from_grouped=from_grouped,
         )
 
-    def _prefill_item(self, meta: ForwardMeta, i: int) -> PrefillItem:
-        start, n = int(meta.seq_lens_decoder[i]), int(meta.seq_lens_this_time[i])
-        kv_len = start + n
-        num_blocks = -(-kv_len // self.block_size)
-        query_pos = start + np.arange(n)[:, None]
-        key_pos = np.arange(num_blocks * self.block_size)[None, :]
-        mask = np.where(key_pos <= query_pos, 0.0, -np.inf).astype(np.float32)
+    def _long_prefill(self, meta: ForwardMeta, i: int) -> LongPrefill:
+        history, n = meta.seq_lens_decoder[i : i + 1], int(meta.seq_lens_this_time[i])
+        num_blocks = int(-(-(history[0] + n) // self.block_size))
+        mask = _causal_mask(history, np.array([n]), n, num_blocks * self.block_size)[0]
         rows = _gather_rows(meta.block_tables[i, :num_blocks], self.num_kv_heads)
-        return PrefillItem(int(meta.cu_seqlens_q[i]), n, rows, mask)
+        to_grouped, from_grouped = _group_permutations(np.zeros(1, np.int64), np.array([n]), self.num_kv_heads,
+                                                       self.group)
+        return LongPrefill(int(meta.cu_seqlens_q[i]), n, rows, mask, to_grouped, from_grouped)
 
+    # ---- per layer ---------------------------------------------------------------------------
     def forward(
         self,
         q: paddle.Tensor,
@@ -123,43 +197,49 @@ class PaddleAttentionBackend:
         # key_cache, value_cache: [num_blocks * kv_heads, block_size, head_dim]
         # returns [num_tokens, heads * head_dim]
         n, kvh, dim = q.shape[0], self.num_kv_heads, self.head_dim
-        slots = meta.write_slots.reshape(n, kvh)
-        key_cache.reshape(-1, dim)[slots] = _as_numpy(k).reshape(n, kvh, dim)
-        value_cache.reshape(-1, dim)[slots] = _as_numpy(v).reshape(n, kvh, dim)
-        q = q * self.scale
+        key_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(k).reshape(n, kvh, dim)
+        value_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(v).reshape(n, kvh, dim)
+        q = paddle.scale(q, self.scale)  # 4x faster than `q * scale` on a strided view
         outputs = []
-        if meta.num_decode:
-            outputs.append(self._decode(q[: meta.num_decode], key_cache, value_cache, meta))
-        for item in meta.prefills:
-            q_item = q[item.token_start : item.token_start + item.num_tokens]
-            outputs.append(self._prefill(q_item, key_cache, value_cache, item))
+        for g in meta.groups:
+            q_part = q[g.token_start : g.token_start + g.num_tokens]
+            attend = self._long_prefill_attention if isinstance(g, LongPrefill) else self._group_attention
+            outputs.append(attend(q_part, key_cache, value_cache, g))
         return outputs[0] if len(outputs) == 1 else paddle.concat(outputs, axis=0)
 
-    def _decode(self, q, key_cache, value_cache, meta: AttentionMetadata) -> paddle.Tensor:
-        # q: [num_decode, heads, head_dim] -> [num_decode, heads * head_dim]
-        n, kvh, dim = q.shape[0], self.num_kv_heads, self.head_dim
-        length = meta.num_decode_blocks * self.block_size
-        keys = _as_paddle(key_cache[meta.decode_gather_rows].reshape(n, kvh, length, dim))
-        values = _as_paddle(value_cache[meta.decode_gather_rows].reshape(n, kvh, length, dim))
-        q = q.reshape([n, kvh, self.group, dim])
-        scores = paddle.matmul(q, keys, transpose_y=True) + meta.decode_mask  # [n, kvh, group, length]
-        out = paddle.matmul(F.softmax(scores, axis=-1), values)  # [n, kvh, group, dim]
-        return out.reshape([n, self.num_heads * dim])
+    def _history(self, cache: np.ndarray, rows: np.ndarray, shape: list) -> paddle.Tensor:
+        return _as_paddle(cache[rows].reshape(shape))
 
-    def _prefill(self, q, key_cache, value_cache, item: PrefillItem) -> paddle.Tensor:
+    def _group_attention(self, q, key_cache, value_cache, g: AttentionGroup) -> paddle.Tensor:
         # q: [num_tokens, heads, head_dim] -> [num_tokens, heads * head_dim]
-        kvh, dim, group = self.num_kv_heads, self.head_dim, self.group
+        n, t, kvh, group, dim = g.num_requests, g.max_query, self.num_kv_heads, self.group, self.head_dim
+        length = g.mask.shape[-1]
+        keys = self._history(key_cache, g.gather_rows, [n, kvh, length, dim])
+        values = self._history(value_cache, g.gather_rows, [n, kvh, length, dim])
+        if g.to_grouped is None:
+            q = q.reshape([n, kvh, group, dim])
+        else:  # one row permutation pads and regroups; Paddle's 5-D transpose is ~50x slower
+            q = _permute_rows(q, g.to_grouped, [n, kvh, group * t, dim])
+        scores = paddle.matmul(q, keys, transpose_y=True).reshape([n, kvh, group, t, length])
+        probs = F.softmax(scores + _as_paddle(g.mask), axis=-1).reshape([n, kvh, group * t, length])
+        out = paddle.matmul(probs, values)  # [n, kvh, group * t, dim]
+        if g.from_grouped is None:
+            return out.reshape([n, self.num_heads * dim])
+        return _permute_rows(out, g.from_grouped, [g.num_tokens, self.num_heads * dim])
+
+    def _long_prefill_attention(self, q, key_cache, value_cache, item: LongPrefill) -> paddle.Tensor:
+        # q: [num_tokens, heads, head_dim] -> [num_tokens, heads * head_dim]
+        kvh, dim, group, t_all = self.num_kv_heads, self.head_dim, self.group, item.num_tokens
         length = item.mask.shape[1]
-        keys = _as_paddle(key_cache[item.gather_rows].reshape(kvh, length, dim))
-        values = _as_paddle(value_cache[item.gather_rows].reshape(kvh, length, dim))
+        keys = self._history(key_cache, item.gather_rows, [kvh, length, dim])
+        values = self._history(value_cache, item.gather_rows, [kvh, length, dim])
+        q = _permute_rows(q, item.to_grouped, [kvh, group, t_all, dim])
         pieces = []
-        for start in range(0, item.num_tokens, PREFILL_QUERY_BLOCK):
-            qb = q[start : start + PREFILL_QUERY_BLOCK]  # [t, heads, dim]
-            t = qb.shape[0]
-            qb = qb.transpose([1, 0, 2]).reshape([kvh, group * t, dim])
+        for start in range(0, t_all, MAX_BATCHED_QUERY):
+            t = min(MAX_BATCHED_QUERY, t_all - start)
+            qb = q[:, :, start : start + t].reshape([kvh, group * t, dim])
             scores = paddle.matmul(qb, keys, transpose_y=True).reshape([kvh, group, t, length])
-            scores = scores + _as_paddle(item.mask[start : start + t])
-            probs = F.softmax(scores, axis=-1).reshape([kvh, group * t, length])
-            out = paddle.matmul(probs, values).reshape([self.num_heads, t, dim])
-            pieces.append(out.transpose([1, 0, 2]).reshape([t, self.num_heads * dim]))
-        return pieces[0] if len(pieces) == 1 else paddle.concat(pieces, axis=0)
+            probs = F.softmax(scores + _as_paddle(item.mask[start : start + t]), axis=-1)
+            pieces.append(paddle.matmul(probs.reshape([kvh, group * t, length]), values).reshape([kvh, group, t, dim]))
+        out = pieces[0] if len(pieces) == 1 else paddle.concat(pieces, axis=2)  # [kvh, group, t_all, dim]
+        return _permute_rows(out, item.from_grouped, [t_all, self.num_heads * dim])
