@@ -23,6 +23,6 @@ setup(
     ],
     extras_require={
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
-        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece"],
+        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy"],
     },
 )
