@@ -72,6 +72,13 @@ class ModelConfig:
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
 
+    def weight_bytes(self, dtype_bytes: int = 4) -> int:
+        """Bytes of the weights as loaded (fp32; lm_head counted even when tied: we keep a transposed copy)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        per_layer = attention + 3 * h * self.intermediate_size + 2 * h
+        return dtype_bytes * (self.num_hidden_layers * per_layer + 2 * self.vocab_size * h + h)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """KV-cache bytes one token takes over all layers (K and V)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes

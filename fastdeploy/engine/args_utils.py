@@ -136,8 +136,7 @@ class EngineArgs:
         useful = self.max_num_seqs * blocks_per_seq + 1
         return int(min(budget // block_bytes, useful))
 
-    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict,
-                             weights_bytes: int) -> FDConfig:
+    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict) -> FDConfig:
         model_config = ModelConfig.from_hf_config(hf_config)
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(
@@ -146,7 +145,7 @@ class EngineArgs:
             )
         return FDConfig(
             model_config=model_config,
-            cache_config=self.cache_config(model_config, weights_bytes),
+            cache_config=self.cache_config(model_config, model_config.weight_bytes()),
             scheduler_config=self.scheduler_config(),
             model_path=model_path,
             seed=self.seed,

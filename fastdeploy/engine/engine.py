@@ -21,6 +21,7 @@ from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.output_processor import append_token
 from fastdeploy.platforms.cpu import set_paddle_threads
+from fastdeploy.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("fastdeploy")
 
@@ -36,8 +37,6 @@ def _eos_token_ids(tokenizer, generation_config: dict) -> frozenset:
 
 class LLMEngine:
     def __init__(self, fd_config: FDConfig, tokenizer, model):
-        from fastdeploy.worker.model_runner import ModelRunner
-
         self.config = fd_config
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_token_ids(tokenizer, fd_config.generation_config)
@@ -63,8 +62,7 @@ class LLMEngine:
         if args.tokenizer is not None:
             source.tokenizer = load_hf_tokenizer(Path(args.tokenizer))
         model_cls = get_model_class(source.hf_config.get("architectures", [None])[0])
-        config = args.create_engine_config(path, source.hf_config, source.generation_config,
-                                           weights_bytes=_param_bytes(source.hf_config))
+        config = args.create_engine_config(path, source.hf_config, source.generation_config)
         model = model_cls(config.model_config, config.cache_config.block_size, config.scheduler_config.max_model_len)
         model.load_weights(source.weights())
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
@@ -193,13 +191,3 @@ class LLMEngine:
             finished=True,
             metrics=m,
         )
-
-
-def _param_bytes(hf_config: dict) -> int:
-    """fp32 bytes of a Llama-shaped model's weights (lm_head counted: we keep a transposed copy)."""
-    h, i, layers = hf_config["hidden_size"], hf_config["intermediate_size"], hf_config["num_hidden_layers"]
-    heads = hf_config["num_attention_heads"]
-    kv = hf_config.get("num_key_value_heads") or heads
-    d = hf_config.get("head_dim") or h // heads
-    per_layer = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * i + 2 * h
-    return 4 * (layers * per_layer + 2 * hf_config["vocab_size"] * h + h)
