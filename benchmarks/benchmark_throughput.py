@@ -17,22 +17,25 @@ Measured per engine:
     run (prefill costs FLOPs too) and the L-1 decode tokens for single stream.
 
 Both engines use the same number of threads: one per usable core (our engine does this itself;
-torch gets `torch.set_num_threads`). Each engine is warmed up once (a short batched generate)
-before timing. With --repeats R the engines alternate (ours, hf, ours, hf, ...) and the best run
-of each is reported (noise on a shared machine only slows a run down); every run is printed too.
-fastdeploy is imported before torch/paddle so its MKL setting (MKL_DEBUG_CPU_TYPE) takes effect.
+torch gets `torch.set_num_threads`). Each run happens in a fresh child process of this one
+script run: Paddle (Intel OpenMP) and torch (GNU OpenMP) in one process keep each other's spinning
+worker threads on the same two cores and halve each other's speed. Each engine is warmed up once
+(a short batched generate) before timing. With --repeats R the engines alternate (ours, hf, ours,
+hf, ...) and the best run of each is reported (noise on a shared machine only slows a run down);
+every run is printed too.
 """
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-
-import fastdeploy  # noqa: E402  (must come before torch / paddle)
-from fastdeploy import LLM, SamplingParams  # noqa: E402
-from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path  # noqa: E402
+ENV_AT_START = dict(os.environ)  # children get this: `import paddle` sets OMP_NUM_THREADS=1 in ours
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without install
 
 QUESTIONS = [
     "What is the capital of France?", "How do plants make their food?", "Why is the sky blue?",
@@ -74,11 +77,15 @@ class Ours:
     name = "ours (paddle)"
 
     def __init__(self, path, n):
+        from fastdeploy import LLM  # first: fastdeploy sets MKL_DEBUG_CPU_TYPE before paddle loads
+
         self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024)
         self.tokenizer = self.llm.get_tokenizer()
         self.params = matmul_params(self.llm.llm_engine.config.model_config)
 
     def generate(self, prompts, n_new):
+        from fastdeploy import SamplingParams
+
         sp = SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         return [list(o.outputs.token_ids) for o in outs]
@@ -158,29 +165,54 @@ def fmt(x, nd=1):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def report(engines, results, args, prompts):
+def report(names, results, args, prompts):
     print(f"\n=== {args.num_prompts} prompts (mean {sum(map(len, prompts)) / len(prompts):.1f} tokens) "
           f"x {args.output_len} new tokens, greedy, EOS ignored; {args.threads} threads; "
-          f"best of {args.repeats} ===")
+          f"best of {args.repeats}; each run in its own process ===")
     print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}")
     summary = {}
-    for e in engines:
-        runs = results[e.name]
+    for n in names:
+        runs = results[n]
         b, s = best(runs, "batch"), best(runs, "single")
-        flops_b, flops_s = best(runs, "batch_gflops"), best(runs, "single_gflops")
-        summary[e.name] = (b, s)
-        print(f"{e.name:<28}{fmt(b):>12}{fmt(flops_b):>9}{fmt(s):>14}{fmt(flops_s):>9}")
-    if len(engines) == 2:
-        (b0, s0), (b1, s1) = summary[engines[0].name], summary[engines[1].name]
+        summary[n] = (b, s)
+        print(f"{runs[0]['name']:<28}{fmt(b):>12}{fmt(best(runs, 'batch_gflops')):>9}{fmt(s):>14}"
+              f"{fmt(best(runs, 'single_gflops')):>9}")
+    if len(names) == 2:
+        (b0, s0), (b1, s1) = summary["ours"], summary["hf"]
         print(f"ratio ours/transformers: batch {b0 / b1:.2f}x"
               + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else ""))
-        a, b = results[engines[0].name][0]["outs"], results[engines[1].name][0]["outs"]
+        a, b = results["ours"][0]["outs"], results["hf"][0]["outs"]
         # transformers' min_new_tokens masks EOS; ours (ignore_eos) may emit it: compare before it
-        cut = [min([16] + [i for i, t in enumerate(x) if t == engines[1].eos]) for x in a]
+        eos = results["hf"][0]["eos"]
+        cut = [min([16] + [i for i, t in enumerate(x) if t == eos]) for x in a]
         same = sum(x[:k] == y[:k] for x, y, k in zip(a, b, cut))
         print(f"greedy agreement: {same}/{len(a)} prompts give the same tokens in both engines "
               "(first 16, or up to our first EOS)")
-    print(f"matmul params: {engines[0].params / 1e6:.1f} M")
+    print(f"matmul params: {results[names[0]][0]['params'] / 1e6:.1f} M")
+
+
+ENGINES = {"ours": Ours, "hf": HF}
+
+
+def child(args):
+    """One engine, one measurement, in this fresh process; prints the result as one JSON line."""
+    prompts = json.loads(Path(args.prompts_file).read_text())
+    engine = Ours(args.model, len(prompts)) if args.child == "ours" else HF(args.model, args.threads)
+    timed(engine, prompts, 2)  # warm-up: a short batched call
+    res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1)
+    res.update(name=engine.name, params=engine.params, eos=getattr(engine, "eos", None))
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def run_child(engine, args, prompts_file):
+    cmd = [sys.executable, __file__, "--child", engine, "--prompts-file", prompts_file, "--model", args.model,
+           "--output-len", str(args.output_len)] + (["--skip-single"] if args.skip_single else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV_AT_START)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("  run ")), flush=True)
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main():
@@ -191,31 +223,27 @@ def main():
     ap.add_argument("--engines", default="ours,hf", help="comma-separated subset of ours,hf")
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs per engine; the best is reported")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-stream measurement")
+    ap.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    assert names and set(names) <= {"ours", "hf"}, f"--engines must be a subset of ours,hf, got {args.engines!r}"
-    path = resolve_model_path(args.model) if args.model else default_model_path()
     args.threads = len(os.sched_getaffinity(0))
+    if args.child:
+        return child(args)
+    from fastdeploy.model_executor.model_loader import open_model
+    from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
-    engines = []
-    for n in ("ours", "hf"):  # fixed order: ours first, so the table and ratio read ours/transformers
-        if n in names:
-            t0 = time.perf_counter()
-            engines.append(Ours(path, args.num_prompts) if n == "ours" else HF(path, args.threads))
-            print(f"loaded {engines[-1].name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    tokenizer = engines[0].tokenizer if "ours" in names else None
-    if tokenizer is None:  # transformers only: the same tokenizer our engine would use
-        from fastdeploy.model_executor.model_loader import open_model
-        tokenizer = open_model(path)[1].tokenizer
-    prompts = build_prompts(tokenizer, args.num_prompts)
-
-    for e in engines:  # warm-up: a short batched call
-        timed(e, prompts, 2)
-    results = {e.name: [] for e in engines}
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    assert names and set(names) <= set(ENGINES), f"--engines must be a subset of ours,hf, got {args.engines!r}"
+    args.model = resolve_model_path(args.model) if args.model else default_model_path()
+    prompts = build_prompts(open_model(args.model)[1].tokenizer, args.num_prompts)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(prompts, f)
+    results = {n: [] for n in names}
     for _ in range(args.repeats):
-        for e in engines:
-            results[e.name].append(run_once(e, prompts, args.output_len, not args.skip_single and args.output_len > 1))
-    report(engines, results, args, prompts)
+        for n in names:  # alternate A B A B, each run in a fresh process
+            results[n].append(run_child(n, args, f.name))
+    os.unlink(f.name)
+    report(names, results, args, prompts)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ def main() -> None:
     llm = LLM(model=model, tensor_parallel_size=1, max_model_len=2048)
 
     for output in llm.generate(prompts, sampling_params):
-        print(f"--- generate\nprompt: {output.prompt!r}\ngenerated: {output.outputs.text!r}\n")
+        print(f"--- generate\nprompt: {output.prompt!r}\ngenerated: {output.outputs.text!r} ({output.outputs.finish_reason})\n")
     for output in llm.chat([msg1, msg2], sampling_params):
-        print(f"--- chat\nprompt: {output.prompt!r}\ngenerated: {output.outputs.text!r}\n")
+        print(f"--- chat\nprompt: {output.prompt!r}\ngenerated: {output.outputs.text!r} ({output.outputs.finish_reason})\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import Request
 from fastdeploy.engine.sched.scheduler import ScheduledRequest
 from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
 
 
@@ -22,14 +23,12 @@ class ModelRunner:
         self.rng = rng
         self.kv_caches = self._allocate_kv_caches()
 
-    def _allocate_kv_caches(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per layer (key, value) [num_blocks * kv_heads, block_size, head_dim] float32.
-
-        np.zeros maps zero pages lazily: memory is committed as blocks are first written.
-        """
+    def _allocate_kv_caches(self) -> list:
+        """One KVCache per layer, `num_blocks` blocks each (see layers/attention.py for the layout)."""
         mc = self.config.model_config
-        shape = (self.config.cache_config.num_blocks * mc.num_key_value_heads, self.block_size, mc.head_dim)
-        return [(np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(mc.num_hidden_layers)]
+        num_blocks = self.config.cache_config.num_blocks
+        return [allocate_kv_cache(num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim)
+                for _ in range(mc.num_hidden_layers)]
 
     @paddle.no_grad()
     def execute(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, int]]:

@@ -43,7 +43,7 @@ def our_prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
     "tie,rope_style,shard",
     [(False, "rope_parameters", "1GB"), (True, "top_level", "1GB"), (False, "rope_scaling", "100KB")],
 )
-def test_logits_and_greedy_match_transformers(tmp_path, tie, rope_style, shard):
+def test_logits_and_greedy_match_transformers(tmp_path, tie, rope_style, shard, attention_impl):
     hf = make_tiny_llama(tmp_path, tie=tie, rope_style=rope_style, max_shard_size=shard)
     assert (tmp_path / "model.safetensors.index.json").exists() == (shard == "100KB")
     llm = LLM(model=str(tmp_path), max_model_len=512, num_gpu_blocks_override=64)
@@ -81,7 +81,7 @@ def test_model_name_resolves_from_local_hf_cache(tmp_path, monkeypatch):
     assert out.outputs.token_ids == ref[0, len(prompt):].tolist()
 
 
-def test_chunked_prefill_gives_the_same_greedy_tokens(tmp_path):
+def test_chunked_prefill_gives_the_same_greedy_tokens(tmp_path, attention_impl):
     """Prompts split over many steps (history + multi-token queries, mixed with decodes)."""
     hf = make_tiny_llama(tmp_path)
     llm = LLM(model=str(tmp_path), max_model_len=512, num_gpu_blocks_override=64,

@@ -10,6 +10,9 @@ is already `[kv_heads, blocks * block_size, head_dim]`. The gathers and cache wr
 (shared with Paddle through DLPack, no copies) because Paddle's CPU gather moves ~2.5 GB/s, a
 fifth of numpy's; the arithmetic runs in Paddle.
 
+Decode groups (one query token per request) use the compiled `paged_decode_attention` op when it
+builds (custom_ops/cpu_ops/): it reads K/V in place through the block tables, no gather copy.
+
 Requests are attended in groups, padded to the group's longest query and history, with one batched
 matmul per group: the model runner orders the batch by query length (decodes first), and
 consecutive requests share a group while padding at most doubles their query rows. A request with
@@ -26,6 +29,7 @@ import paddle.nn.functional as F
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.ops.cpu import cpu_ops
 
 MAX_BATCHED_QUERY = 256
 
@@ -53,6 +57,10 @@ class AttentionGroup:
     # None when they coincide (decode: max_query 1).
     to_grouped: Optional[np.ndarray]
     from_grouped: Optional[np.ndarray]
+    # Inputs of the compiled decode op (max_query 1 only): block tables [n, num_blocks] and
+    # context lengths [n], int64.
+    block_tables: Optional[paddle.Tensor] = None
+    context_lens: Optional[paddle.Tensor] = None
 
 
 @dataclass
@@ -69,6 +77,25 @@ class LongPrefill:
     mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask
     to_grouped: np.ndarray  # [kv_heads * group * num_tokens] batch row (token * heads + head) of each
     from_grouped: np.ndarray  # [num_tokens * heads] grouped row of each (token, head)
+
+
+@dataclass
+class KVCache:
+    """One layer's cache: numpy arrays [num_blocks * kv_heads, block_size, head_dim] for writes and
+    gathers, and Paddle views of the same memory [num_blocks, kv_heads, block_size, head_dim] for ops."""
+
+    key: np.ndarray
+    value: np.ndarray
+    key_tensor: paddle.Tensor
+    value_tensor: paddle.Tensor
+
+
+def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int) -> KVCache:
+    """Zeroed float32 cache; np.zeros maps zero pages lazily, so memory is committed as blocks are used."""
+    key = np.zeros((num_blocks * kv_heads, block_size, head_dim), np.float32)
+    value = np.zeros_like(key)
+    shape = (num_blocks, kv_heads, block_size, head_dim)
+    return KVCache(key, value, _as_paddle(key.reshape(shape)), _as_paddle(value.reshape(shape)))
 
 
 def _gather_rows(block_table: np.ndarray, kv_heads: int) -> np.ndarray:
@@ -125,6 +152,9 @@ def split_into_groups(query_lens: np.ndarray) -> list[tuple[int, int]]:
 
 class PaddleAttentionBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
+        """Uses the compiled `paged_decode_attention` op for decode groups when it can be built."""
+        ops = cpu_ops()
+        self.decode_op = ops.paged_decode_attention if ops is not None else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -158,10 +188,13 @@ class PaddleAttentionBackend:
             np.broadcast_to(mask[:, None, None], (n, self.num_kv_heads, self.group, max_query, length))
         )
         token_start = int(meta.cu_seqlens_q[start])
-        to_grouped = from_grouped = None
+        to_grouped = from_grouped = block_tables = context_lens = None
         if max_query > 1:
             offsets = meta.cu_seqlens_q[start:end] - token_start
             to_grouped, from_grouped = _group_permutations(offsets, query_lens, self.num_kv_heads, self.group)
+        elif self.decode_op is not None:
+            block_tables = paddle.to_tensor(np.ascontiguousarray(meta.block_tables[start:end, :num_blocks]))
+            context_lens = paddle.to_tensor(history + 1)
         return AttentionGroup(
             token_start=token_start,
             num_tokens=int(query_lens.sum()),
@@ -171,6 +204,8 @@ class PaddleAttentionBackend:
             mask=mask,
             to_grouped=to_grouped,
             from_grouped=from_grouped,
+            block_tables=block_tables,
+            context_lens=context_lens,
         )
 
     def _long_prefill(self, meta: ForwardMeta, i: int) -> LongPrefill:
@@ -188,34 +223,35 @@ class PaddleAttentionBackend:
         q: paddle.Tensor,
         k: paddle.Tensor,
         v: paddle.Tensor,
-        key_cache: np.ndarray,
-        value_cache: np.ndarray,
+        cache: KVCache,
         meta: AttentionMetadata,
     ) -> paddle.Tensor:
         # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] or
         # [num_tokens, kv_heads * head_dim], strided views allowed (read through DLPack, not copied)
-        # key_cache, value_cache: [num_blocks * kv_heads, block_size, head_dim]
         # returns [num_tokens, heads * head_dim]
         n, kvh, dim = q.shape[0], self.num_kv_heads, self.head_dim
-        key_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(k).reshape(n, kvh, dim)
-        value_cache.reshape(-1, dim)[meta.write_slots] = _as_numpy(v).reshape(n, kvh, dim)
+        cache.key.reshape(-1, dim)[meta.write_slots] = _as_numpy(k).reshape(n, kvh, dim)
+        cache.value.reshape(-1, dim)[meta.write_slots] = _as_numpy(v).reshape(n, kvh, dim)
         q = paddle.scale(q, self.scale)  # 4x faster than `q * scale` on a strided view
         outputs = []
         for g in meta.groups:
             q_part = q[g.token_start : g.token_start + g.num_tokens]
             attend = self._long_prefill_attention if isinstance(g, LongPrefill) else self._group_attention
-            outputs.append(attend(q_part, key_cache, value_cache, g))
+            outputs.append(attend(q_part, cache, g))
         return outputs[0] if len(outputs) == 1 else paddle.concat(outputs, axis=0)
 
     def _history(self, cache: np.ndarray, rows: np.ndarray, shape: list) -> paddle.Tensor:
         return _as_paddle(cache[rows].reshape(shape))
 
-    def _group_attention(self, q, key_cache, value_cache, g: AttentionGroup) -> paddle.Tensor:
-        # q: [num_tokens, heads, head_dim] -> [num_tokens, heads * head_dim]
+    def _group_attention(self, q, cache: KVCache, g: AttentionGroup) -> paddle.Tensor:
+        # q: [num_tokens, heads, head_dim] (already scaled) -> [num_tokens, heads * head_dim]
+        if g.block_tables is not None:  # compiled op: reads the paged cache in place, no gather
+            return self.decode_op(q.contiguous(), cache.key_tensor, cache.value_tensor, g.block_tables,
+                                  g.context_lens, 1.0)
         n, t, kvh, group, dim = g.num_requests, g.max_query, self.num_kv_heads, self.group, self.head_dim
         length = g.mask.shape[-1]
-        keys = self._history(key_cache, g.gather_rows, [n, kvh, length, dim])
-        values = self._history(value_cache, g.gather_rows, [n, kvh, length, dim])
+        keys = self._history(cache.key, g.gather_rows, [n, kvh, length, dim])
+        values = self._history(cache.value, g.gather_rows, [n, kvh, length, dim])
         if g.to_grouped is None:
             q = q.reshape([n, kvh, group, dim])
         else:  # one row permutation pads and regroups; Paddle's 5-D transpose is ~50x slower
@@ -227,12 +263,12 @@ class PaddleAttentionBackend:
             return out.reshape([n, self.num_heads * dim])
         return _permute_rows(out, g.from_grouped, [g.num_tokens, self.num_heads * dim])
 
-    def _long_prefill_attention(self, q, key_cache, value_cache, item: LongPrefill) -> paddle.Tensor:
+    def _long_prefill_attention(self, q, cache: KVCache, item: LongPrefill) -> paddle.Tensor:
         # q: [num_tokens, heads, head_dim] -> [num_tokens, heads * head_dim]
         kvh, dim, group, t_all = self.num_kv_heads, self.head_dim, self.group, item.num_tokens
         length = item.mask.shape[1]
-        keys = self._history(key_cache, item.gather_rows, [kvh, length, dim])
-        values = self._history(value_cache, item.gather_rows, [kvh, length, dim])
+        keys = self._history(cache.key, item.gather_rows, [kvh, length, dim])
+        values = self._history(cache.value, item.gather_rows, [kvh, length, dim])
         q = _permute_rows(q, item.to_grouped, [kvh, group, t_all, dim])
         pieces = []
         for start in range(0, t_all, MAX_BATCHED_QUERY):

@@ -54,7 +54,7 @@ class LlamaDecoderLayer:
         qk = rope.apply(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # views, no copies
         v = qkv[:, self.q_size + self.kv_size :]  # [n, kv_size] view
-        attn = attention.forward(q, k, v, kv_cache[0], kv_cache[1], attn_meta)  # [n, q_size]
+        attn = attention.forward(q, k, v, kv_cache, attn_meta)  # [n, q_size]
         attn = paddle.matmul(attn, w["o_proj"])
         if "o_proj_bias" in w:
             attn = attn + w["o_proj_bias"]
