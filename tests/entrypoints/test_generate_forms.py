@@ -84,10 +84,14 @@ def test_use_tqdm_false_prints_nothing_and_true_shows_speeds(smollm_llm, capsys)
 
 
 def test_callers_params_and_dicts_are_not_mutated(smollm_llm):
+    """max_tokens beyond the room left is clamped on the engine's copy, never on the caller's object."""
     params = SamplingParams(temperature=0, max_tokens=5000, stop=["\n\n"])
-    prompt = {"prompt": "Count: 1, 2,"}
+    room = 8
+    ids = smollm_llm.get_tokenizer().encode("one two three " * 400, add_special_tokens=False)[: 1024 - room]
+    prompt = {"prompt_token_ids": ids}
     before_params, before_prompt = dataclasses.asdict(params), copy.deepcopy(prompt)
-    smollm_llm.generate([prompt, prompt], params, use_tqdm=False)
+    outputs = smollm_llm.generate([prompt, prompt], params, use_tqdm=False)
+    assert all(len(o.outputs.token_ids) <= room for o in outputs)
     assert dataclasses.asdict(params) == before_params
     assert prompt == before_prompt
 
