@@ -28,6 +28,11 @@ def _cpu_vendor() -> str:
 
 def prepare_environment() -> None:
     """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported."""
+    if "paddle" in sys.modules and _USER_OMP_THREADS == "1":
+        logger.warning(
+            "paddle was imported before fastdeploy and OMP_NUM_THREADS is 1 (paddle sets it on import), "
+            "so the engine will compute on one thread. Import fastdeploy first to use every core."
+        )
     if "MKL_DEBUG_CPU_TYPE" in os.environ or _cpu_vendor() != "AuthenticAMD":
         return
     if "paddle" in sys.modules:
