@@ -154,7 +154,13 @@ class LLMEngine:
             s.request.num_computed_tokens += s.num_new_tokens
         finished = []
         for request, token in sampled:
-            if append_token(request, token):
+            try:
+                done = append_token(request, token)
+            except Exception as e:  # this request fails alone; the rest of the batch goes on
+                logger.exception("request %s failed while processing its output", request.request_id)
+                request.finish_reason, request.error = "abort", f"{type(e).__name__}: {e}"
+                done = True
+            if done:
                 self.scheduler.finish(request)
                 del self.requests[request.request_id]
                 finished.append(self._make_output(request))
@@ -190,4 +196,6 @@ class LLMEngine:
             outputs=completion,
             finished=True,
             metrics=m,
+            error_code=200 if request.error is None else 500,
+            error_msg=request.error,
         )

@@ -76,7 +76,8 @@ class RequestOutput:
         finished: whether generation has ended.
         metrics: timings.
         num_cached_tokens: prompt tokens served from the prefix cache (0 when it is off).
-        error_code: 200 on success, 400 for a request rejected at run time, 500 for an engine error.
+        error_code: 200 on success, 500 when the request failed at run time (its output then holds
+            what was generated before the failure, finish_reason "abort").
         error_msg: what went wrong, or None.
     """
 
@@ -115,6 +116,7 @@ class Request:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     num_preemptions: int = 0
+    error: Optional[str] = None  # set when the request failed at run time
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

@@ -117,3 +117,29 @@ def test_min_tokens_masks_eos(smollm_llm):
     n = len(free.outputs.token_ids) + 3
     forced = smollm_llm.chat(conv, SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)[0]
     assert len(forced.outputs.token_ids) == n and 2 not in forced.outputs.token_ids
+
+
+def test_a_request_failing_at_run_time_does_not_take_the_batch_down(smollm_llm, monkeypatch):
+    from fastdeploy.output.detokenizer import IncrementalDetokenizer
+
+    original = IncrementalDetokenizer.add_token
+
+    def failing(self, token_id):
+        if "BOOM" in self.tokenizer.decode(self.prompt_tail):
+            raise RuntimeError("detokenizer exploded")
+        return original(self, token_id)
+
+    original_init = IncrementalDetokenizer.__init__
+
+    def init(self, tokenizer, prompt_token_ids, skip_special_tokens):
+        original_init(self, tokenizer, prompt_token_ids, skip_special_tokens)
+        self.prompt_tail = list(prompt_token_ids[-4:])
+
+    monkeypatch.setattr(IncrementalDetokenizer, "__init__", init)
+    monkeypatch.setattr(IncrementalDetokenizer, "add_token", failing)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outputs = smollm_llm.generate(["Good morning", "say BOOM", "The sea is"], params, use_tqdm=False)
+    assert [o.error_code for o in outputs] == [200, 500, 200]
+    assert "detokenizer exploded" in outputs[1].error_msg and outputs[1].outputs.finish_reason == "abort"
+    assert len(outputs[0].outputs.token_ids) == 6 and len(outputs[2].outputs.token_ids) == 6
+    assert not smollm_llm.llm_engine.has_unfinished_requests()
