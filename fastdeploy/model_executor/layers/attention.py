@@ -75,8 +75,8 @@ class LongPrefill:
     num_tokens: int
     gather_rows: np.ndarray  # [kv_heads * num_blocks]
     mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask
-    to_grouped: np.ndarray  # [kv_heads * group * num_tokens] batch row (token * heads + head) of each
-    from_grouped: np.ndarray  # [num_tokens * heads] grouped row of each (token, head)
+    to_grouped: np.ndarray  # [kv_heads * group * num_tokens]: for each grouped row, its batch row
+    from_grouped: np.ndarray  # [num_tokens * heads]: for each (token, head), its grouped row
 
 
 @dataclass
