@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import signal
-import time
 
 import pytest
 
@@ -269,10 +268,8 @@ def test_min_tokens_message_names_max_tokens():
 
 # ---- LLM(...) settings and model paths ---------------------------------------------------------
 def test_unknown_keyword_raises_before_loading(no_loading):
-    start = time.perf_counter()
     with pytest.raises(TypeError, match=r"unknown keyword argument\(s\) \['max_num_sequences'\]"):
         LLM(max_num_sequences=4)
-    assert time.perf_counter() - start < 2.0
 
 
 @pytest.mark.parametrize(
@@ -293,10 +290,8 @@ def test_unknown_keyword_raises_before_loading(no_loading):
     ids=lambda v: repr(v)[:40],
 )
 def test_invalid_settings_raise_before_loading(no_loading, kwargs, field):
-    start = time.perf_counter()
     with pytest.raises(ValueError, match=rf"^{field} must be"):
         LLM(**kwargs)
-    assert time.perf_counter() - start < 2.0
 
 
 def test_max_model_len_above_the_models_context_is_rejected():
