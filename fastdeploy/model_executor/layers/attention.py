@@ -50,17 +50,17 @@ class AttentionGroup:
     num_tokens: int
     num_requests: int
     max_query: int
-    gather_rows: np.ndarray  # [num_requests * kv_heads * num_blocks] cache rows of their histories
-    mask: np.ndarray  # [num_requests, kv_heads, group, max_query, num_blocks * block_size] 0 / -inf
-    # Row permutations between the batch layout [tokens * heads] and the grouped layout
-    # [num_requests * kv_heads * group * max_query] (queries padded by repeating the last one);
-    # None when they coincide (decode: max_query 1).
-    to_grouped: Optional[np.ndarray]
-    from_grouped: Optional[np.ndarray]
-    # Inputs of the compiled decode op (max_query 1 only): block tables [n, num_blocks] and
-    # context lengths [n], int64.
+    # Inputs of the compiled decode op (max_query 1, op built): block tables [n, num_blocks] and
+    # context lengths [n], int64. When set, the fields below stay None.
     block_tables: Optional[paddle.Tensor] = None
     context_lens: Optional[paddle.Tensor] = None
+    gather_rows: Optional[np.ndarray] = None  # [num_requests * kv_heads * num_blocks] cache rows
+    mask: Optional[np.ndarray] = None  # [num_requests, kv_heads, group, max_query, length] 0 / -inf
+    # Row permutations between the batch layout [tokens * heads] and the grouped layout
+    # [num_requests * kv_heads * group * max_query] (queries padded by repeating the last one);
+    # None when they coincide (max_query 1).
+    to_grouped: Optional[np.ndarray] = None
+    from_grouped: Optional[np.ndarray] = None
 
 
 @dataclass
@@ -181,32 +181,24 @@ class PaddleAttentionBackend:
         history = meta.seq_lens_decoder[start:end]
         n, max_query = end - start, int(query_lens.max())
         num_blocks = int(-(-(history + query_lens).max() // self.block_size))
+        group = AttentionGroup(int(meta.cu_seqlens_q[start]), int(query_lens.sum()), n, max_query)
+        if max_query == 1 and self.decode_op is not None:
+            group.block_tables = paddle.to_tensor(np.ascontiguousarray(meta.block_tables[start:end, :num_blocks]))
+            group.context_lens = paddle.to_tensor(history + 1)
+            return group
         length = num_blocks * self.block_size
         mask = _causal_mask(history, query_lens, max_query, length)
         # expanded to the score shape: Paddle's CPU broadcasting add is ~50x slower than same-shape
-        mask = np.ascontiguousarray(
+        group.mask = np.ascontiguousarray(
             np.broadcast_to(mask[:, None, None], (n, self.num_kv_heads, self.group, max_query, length))
         )
-        token_start = int(meta.cu_seqlens_q[start])
-        to_grouped = from_grouped = block_tables = context_lens = None
+        group.gather_rows = _gather_rows(meta.block_tables[start:end, :num_blocks], self.num_kv_heads)
         if max_query > 1:
-            offsets = meta.cu_seqlens_q[start:end] - token_start
-            to_grouped, from_grouped = _group_permutations(offsets, query_lens, self.num_kv_heads, self.group)
-        elif self.decode_op is not None:
-            block_tables = paddle.to_tensor(np.ascontiguousarray(meta.block_tables[start:end, :num_blocks]))
-            context_lens = paddle.to_tensor(history + 1)
-        return AttentionGroup(
-            token_start=token_start,
-            num_tokens=int(query_lens.sum()),
-            num_requests=n,
-            max_query=max_query,
-            gather_rows=_gather_rows(meta.block_tables[start:end, :num_blocks], self.num_kv_heads),
-            mask=mask,
-            to_grouped=to_grouped,
-            from_grouped=from_grouped,
-            block_tables=block_tables,
-            context_lens=context_lens,
-        )
+            offsets = meta.cu_seqlens_q[start:end] - group.token_start
+            group.to_grouped, group.from_grouped = _group_permutations(
+                offsets, query_lens, self.num_kv_heads, self.group
+            )
+        return group
 
     def _long_prefill(self, meta: ForwardMeta, i: int) -> LongPrefill:
         history, n = meta.seq_lens_decoder[i : i + 1], int(meta.seq_lens_this_time[i])
