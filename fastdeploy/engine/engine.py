@@ -107,25 +107,36 @@ class LLMEngine:
                 "raise num_gpu_blocks_override or gpu_memory_utilization"
             )
 
-    def add_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams) -> str:
-        """Queue one request (validated with validate_prompt first); returns its request_id."""
-        self.validate_prompt(prompt_token_ids)
+    def make_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
+                     index: Optional[int] = None) -> Request:
+        """A validated Request with its own resolved SamplingParams, not yet queued.
+
+        Raises ValueError/TypeError (naming prompt `index` when given) before anything is queued.
+        """
+        self.validate_prompt(prompt_token_ids, index)
         resolved = self.resolve_sampling_params(params, len(prompt_token_ids))
-        request_id = str(self._next_id)
-        self._next_id += 1
         request = Request(
-            request_id=request_id,
+            request_id=str(self._next_id),
             prompt=prompt,
             prompt_token_ids=list(prompt_token_ids),
             sampling_params=resolved,
             eos_token_ids=self.eos_token_ids,
             max_tokens=resolved.max_tokens,
         )
+        self._next_id += 1
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                      resolved.skip_special_tokens)
-        self.requests[request_id] = request
+        return request
+
+    def enqueue(self, request: Request) -> str:
+        """Queue a request made by make_request; returns its request_id."""
+        self.requests[request.request_id] = request
         self.scheduler.add_request(request)
-        return request_id
+        return request.request_id
+
+    def add_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams) -> str:
+        """Validate and queue one request; returns its request_id."""
+        return self.enqueue(self.make_request(prompt, prompt_token_ids, params))
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Stop a request now; its blocks return to the pool. Returns its output (finish_reason "abort")."""

@@ -140,15 +140,15 @@ class LLM:
     def _run(self, items, sampling_params, use_tqdm: bool, what: str) -> list[RequestOutput]:
         params = self._per_request_params(sampling_params, len(items), what)
         engine = self.llm_engine
-        for i, ((_, ids), p) in enumerate(zip(items, params)):
-            engine.validate_prompt(ids, i)
-            engine.resolve_sampling_params(p, len(ids))  # raises for a value edited after construction
+        # every request is validated (params re-checked: fields may be edited after construction)
+        # before any is queued
+        requests = [engine.make_request(text, ids, p, i) for i, ((text, ids), p) in enumerate(zip(items, params))]
         order = {}
         results: list[Optional[RequestOutput]] = [None] * len(items)
         bar = _ProgressBar(len(items)) if use_tqdm else None
         try:
-            for i, ((text, ids), p) in enumerate(zip(items, params)):
-                order[engine.add_request(text, ids, p)] = i
+            for i, request in enumerate(requests):
+                order[engine.enqueue(request)] = i
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     results[order[output.request_id]] = output

@@ -1,8 +1,9 @@
 """Model runner: scheduled requests -> one ragged batch -> forward -> one sampled token per request.
 
 Owns the model and the KV cache. The batch is ordered by query length (decodes first), so the
-attention backend can attend neighbours of similar length together. A request samples a token only when this step brings its
-whole sequence into the cache (a prompt chunk that leaves tokens for later samples nothing).
+attention backend can attend neighbours of similar length together. A request samples a token
+only when this step brings its whole sequence into the cache (a prompt chunk that leaves tokens
+for later samples nothing).
 """
 import numpy as np
 import paddle
