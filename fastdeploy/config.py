@@ -108,3 +108,5 @@ class FDConfig:
     model_path: str
     seed: int = 0
     generation_config: dict = field(default_factory=dict)
+    max_logprobs: Optional[int] = 20  # most logprobs a request may ask for; -1 = vocabulary; None = off
+    logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs", see EngineArgs

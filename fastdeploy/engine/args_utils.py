@@ -15,6 +15,7 @@ from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfi
 logger = logging.getLogger("fastdeploy")
 
 GiB = 1 << 30
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 @dataclass
@@ -44,6 +45,15 @@ class EngineArgs:
         chat_template: a Jinja template (string or path) replacing the model's chat template.
         enable_prefix_caching: accepted; prefix caching is not implemented in this version, so
             True logs a warning.
+        enable_logprob: FastDeploy's switch for logprobs. Logprobs cost nothing here unless a
+            request asks for them, so the default is True (vLLM-style code needs no switch);
+            False makes a request with `logprobs`/`prompt_logprobs` raise ValueError.
+        max_logprobs: the most `logprobs`/`prompt_logprobs` a request may ask for (FastDeploy's
+            and vLLM's default 20); -1 = the whole vocabulary.
+        logprobs_mode: which logits logprobs are taken from: "raw_logprobs" (default, FastDeploy's
+            and vLLM's: the model's logits, before penalties, masks and temperature) or
+            "processed_logprobs" (after penalties, masks and temperature; before top-k/top-p/min-p).
+            Prompt logprobs are always raw.
     """
 
     model: Optional[str] = None
@@ -60,6 +70,9 @@ class EngineArgs:
     seed: Optional[int] = None
     chat_template: Optional[str] = None
     enable_prefix_caching: bool = False
+    enable_logprob: bool = True
+    max_logprobs: int = 20
+    logprobs_mode: str = "raw_logprobs"
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -91,6 +104,12 @@ class EngineArgs:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an int >= 0, or -1 for the vocabulary, got {self.max_logprobs!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
+        if not isinstance(self.enable_logprob, bool):
+            raise TypeError(f"enable_logprob must be True or False, got {self.enable_logprob!r}")
         if self.enable_prefix_caching:
             logger.warning("enable_prefix_caching=True: prefix caching is not implemented in this version; ignored")
 
@@ -150,6 +169,8 @@ class EngineArgs:
             model_path=model_path,
             seed=self.seed,
             generation_config=generation_config,
+            max_logprobs=self.max_logprobs if self.enable_logprob else None,
+            logprobs_mode=self.logprobs_mode,
         )
 
 

@@ -1,7 +1,11 @@
 """LLMEngine: add_request / step / abort. Owns the scheduler, the model runner and the tokenizer.
 
-One `step()` = schedule -> run the model on the scheduled tokens -> append sampled tokens,
-detokenize, check stops -> free finished requests' blocks -> RequestOutputs of finished requests.
+One `step()` = schedule -> run the model on the scheduled tokens -> append sampled tokens and
+logprobs, detokenize, check stops -> free finished requests' blocks -> RequestOutputs of prompts
+whose completions have all finished.
+
+A prompt with `n` completions is a RequestGroup of n Requests (vLLM's parallel sampling): each is
+scheduled, sampled and finished on its own; seeded ones draw from (seed, index, step).
 """
 from __future__ import annotations
 
@@ -15,10 +19,14 @@ import numpy as np
 from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
-from fastdeploy.engine.request import CompletionOutput, Request, RequestOutput
+from fastdeploy.engine.request import (
+    CompletionOutput, CompletionOutputs, Request, RequestGroup, RequestMetrics, RequestOutput,
+)
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
+from fastdeploy.model_executor.layers.sample.bad_words import bad_words_token_ids
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
+from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.output_processor import append_token
 from fastdeploy.platforms.cpu import set_paddle_threads
 from fastdeploy.worker.model_runner import ModelRunner
@@ -47,7 +55,8 @@ class LLMEngine:
             sc.max_num_batched_tokens, sc.enable_chunked_prefill,
         )
         self.runner = ModelRunner(fd_config, model, np.random.default_rng(fd_config.seed))
-        self.requests: dict[str, Request] = {}
+        self.groups: dict[str, RequestGroup] = {}
+        self.token_texts = TokenTexts(tokenizer)
         self._next_id = 0
 
     @classmethod
@@ -70,20 +79,46 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------
     def resolve_sampling_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
-        """A copy with the model's defaults filled in and max_tokens clamped to the context."""
+        """A copy with the model's defaults filled in, max_tokens clamped to the context, and the
+        checks that need the model (vocabulary, max_logprobs). Raises ValueError naming the field."""
         gen = self.config.generation_config
         room = self.config.scheduler_config.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        temperature = params.temperature if params.temperature is not None else gen.get("temperature", 1.0)
-        top_p = params.top_p if params.top_p is not None else gen.get("top_p", 1.0)
-        top_k = params.top_k if params.top_k is not None else gen.get("top_k", 0)
-        return params.clone(
+
+        def pick(name, neutral):
+            value = getattr(params, name)
+            return value if value is not None else gen.get(name, neutral)
+
+        resolved = params.clone(
             max_tokens=max_tokens,
             min_tokens=min(params.min_tokens, max_tokens),
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=max(int(top_k), 0),
+            temperature=float(pick("temperature", 1.0)),
+            top_p=float(pick("top_p", 1.0)),
+            top_k=max(int(pick("top_k", 0)), 0),
+            repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            presence_penalty=float(pick("presence_penalty", 0.0)),
+            frequency_penalty=float(pick("frequency_penalty", 0.0)),
         )
+        self._check_against_model(resolved)
+        return resolved
+
+    def _check_against_model(self, params: SamplingParams) -> None:
+        vocab = self.config.model_config.vocab_size
+        for name in ("stop_token_ids", "bad_words_token_ids"):
+            bad = [t for t in getattr(params, name) or () if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} holds {bad[0]}, outside the vocabulary [0, {vocab})")
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is None:
+                continue
+            if limit is None:
+                raise ValueError(f"{name}={k} was requested, but the LLM was made with enable_logprob=False")
+            asked, allowed = (vocab if k == -1 else k), (vocab if limit == -1 else limit)
+            if asked > allowed:
+                raise ValueError(f"{name}={k} exceeds max_logprobs={limit}: ask for at most {limit} "
+                                 "or raise LLM(max_logprobs=...) (-1 = the whole vocabulary)")
 
     def validate_prompt(self, prompt_token_ids: list[int], index: Optional[int] = None) -> None:
         """Raise ValueError for an empty prompt, an id outside the vocabulary or a prompt too long."""
@@ -108,51 +143,70 @@ class LLMEngine:
             )
 
     def make_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
-                     index: Optional[int] = None) -> Request:
-        """A validated Request with its own resolved SamplingParams, not yet queued.
-
-        Raises ValueError/TypeError (naming prompt `index` when given) before anything is queued.
-        """
+                     index: Optional[int] = None) -> RequestGroup:
+        """The validated `n` Requests of one prompt, each with its own resolved SamplingParams, not
+        yet queued. Raises ValueError/TypeError (naming prompt `index` when given) before anything
+        is queued."""
         self.validate_prompt(prompt_token_ids, index)
         resolved = self.resolve_sampling_params(params, len(prompt_token_ids))
-        request = Request(
-            request_id=str(self._next_id),
-            prompt=prompt,
-            prompt_token_ids=list(prompt_token_ids),
-            sampling_params=resolved,
-            eos_token_ids=self.eos_token_ids,
-            max_tokens=resolved.max_tokens,
-        )
+        if resolved.n > 1 and resolved.temperature == 0:
+            raise ValueError(f"n must be 1 with greedy decoding, got n={resolved.n} and temperature 0 "
+                             "(from the model's generation_config): set temperature > 0")
+        group_id = str(self._next_id)
         self._next_id += 1
-        request.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                                     resolved.skip_special_tokens)
-        return request
+        banned = bad_words_token_ids(self.tokenizer, resolved.bad_words or [], resolved.bad_words_token_ids or [],
+                                     self.config.model_config.vocab_size)
+        requests = []
+        for i in range(resolved.n):
+            request = Request(
+                request_id=group_id if resolved.n == 1 else f"{group_id}-{i}",
+                prompt=prompt,
+                prompt_token_ids=list(prompt_token_ids),
+                sampling_params=resolved,
+                eos_token_ids=self.eos_token_ids,
+                max_tokens=resolved.max_tokens,
+                group_id=group_id,
+                index=i,
+                bad_words_token_ids=banned,
+            )
+            request.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                                         resolved.skip_special_tokens)
+            if resolved.logprobs is not None:
+                request.logprobs = []
+            if resolved.prompt_logprobs is not None and i == 0:  # the n completions share the prompt
+                request.prompt_logprobs = [None] * len(prompt_token_ids)
+            requests.append(request)
+        return RequestGroup(group_id, requests)
 
-    def enqueue(self, request: Request) -> str:
-        """Queue a request made by make_request; returns its request_id."""
-        self.requests[request.request_id] = request
-        self.scheduler.add_request(request)
-        return request.request_id
+    def enqueue(self, group: RequestGroup) -> str:
+        """Queue the requests made by make_request; returns the prompt's request_id."""
+        self.groups[group.request_id] = group
+        for request in group.requests:
+            self.scheduler.add_request(request)
+        return group.request_id
 
     def add_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams) -> str:
-        """Validate and queue one request; returns its request_id."""
+        """Validate and queue one prompt (its `n` completions); returns its request_id."""
         return self.enqueue(self.make_request(prompt, prompt_token_ids, params))
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
-        """Stop a request now; its blocks return to the pool. Returns its output (finish_reason "abort")."""
-        request = self.requests.pop(request_id, None)
-        if request is None:
+        """Stop a prompt's unfinished completions now; their blocks return to the pool.
+        Returns its output (finish_reason "abort" on the aborted completions), or None if unknown."""
+        group = self.groups.pop(request_id, None)
+        if group is None:
             return None
-        request.finish_reason = "abort"
-        self.scheduler.finish(request)
-        return self._make_output(request)
+        for request in group.requests:
+            if request.finish_reason is None:
+                request.finish_reason = "abort"
+                self.scheduler.finish(request)
+        return self._make_output(group)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one model step; returns the outputs of requests that finished in it."""
+        """Run one model step; returns the outputs of prompts whose completions all finished in it."""
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
@@ -160,53 +214,96 @@ class LLMEngine:
         for s in out.scheduled:
             if s.request.metrics.inference_start_time is None:
                 s.request.metrics.inference_start_time = now
-        sampled = self.runner.execute(out.scheduled)
+        sampled, prompt_scores = self.runner.execute(out.scheduled)
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        for scores in prompt_scores:
+            self._store_prompt_logprobs(scores)
         finished = []
-        for request, token in sampled:
+        for item in sampled:
+            request = item.request
             try:
-                done = append_token(request, token)
+                if item.logprobs is not None:
+                    self._store_logprobs(request, item.token_id, item.logprobs)
+                done = append_token(request, item.token_id)
             except Exception as e:  # this request fails alone; the rest of the batch goes on
                 logger.exception("request %s failed while processing its output", request.request_id)
                 request.finish_reason, request.error = "abort", f"{type(e).__name__}: {e}"
                 done = True
+            if len(request.output_token_ids) == 1 and request.metrics.first_token_time is None:
+                self._stamp_first_token(request)
             if done:
                 self.scheduler.finish(request)
-                del self.requests[request.request_id]
-                finished.append(self._make_output(request))
-            elif len(request.output_token_ids) == 1:
-                self._stamp_first_token(request)
+                output = self._finish(request)
+                if output is not None:
+                    finished.append(output)
         return finished
+
+    def _store_logprobs(self, request: Request, token_id: int, arrays) -> None:
+        request.logprobs.append(logprobs_dict(arrays, 0, token_id, self.token_texts))
+        request.cumulative_logprob += float(arrays.token_logprobs[0])
+
+    def _store_prompt_logprobs(self, scores) -> None:
+        request = scores.request
+        for i, position in enumerate(scores.positions.tolist()):
+            token_id = request.prompt_token_ids[position]
+            request.prompt_logprobs[position] = logprobs_dict(scores.logprobs, i, token_id, self.token_texts)
+
+    def _finish(self, request: Request) -> Optional[RequestOutput]:
+        """Count a finished completion; the prompt's RequestOutput once all n have finished."""
+        group = self.groups[request.group_id]
+        group.num_finished += 1
+        if group.num_finished < len(group.requests):
+            return None
+        del self.groups[request.group_id]
+        return self._make_output(group)
 
     def _stamp_first_token(self, request: Request) -> None:
         m = request.metrics
         m.first_token_time = time.time() - m.inference_start_time
 
-    def _make_output(self, request: Request) -> RequestOutput:
-        m = request.metrics
-        now = time.time()
-        if m.first_token_time is None and request.output_token_ids:
-            m.first_token_time = now - m.inference_start_time
-        if m.inference_start_time is not None:
-            m.time_in_queue = m.inference_start_time - m.arrival_time
-            m.model_forward_time = now - m.inference_start_time
-        m.model_execute_time = now - m.arrival_time
-        completion = CompletionOutput(
-            index=0,
+    def _make_output(self, group: RequestGroup) -> RequestOutput:
+        first = group.requests[0]
+        errors = [r.error for r in group.requests if r.error is not None]
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=first.prompt,
+            prompt_token_ids=list(first.prompt_token_ids),
+            prompt_logprobs=first.prompt_logprobs,
+            outputs=CompletionOutputs(self._completion(r) for r in group.requests),
+            finished=True,
+            metrics=self._metrics(group),
+            error_code=200 if not errors else 500,
+            error_msg=errors[0] if errors else None,
+        )
+
+    @staticmethod
+    def _completion(request: Request) -> CompletionOutput:
+        wants_logprobs = request.logprobs is not None
+        return CompletionOutput(
+            index=request.index,
             send_idx=len(request.output_token_ids),
             token_ids=list(request.output_token_ids),
             text=request.detokenizer.text,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
+            cumulative_logprob=request.cumulative_logprob if wants_logprobs else None,
+            logprobs=request.logprobs,
         )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            outputs=completion,
-            finished=True,
-            metrics=m,
-            error_code=200 if request.error is None else 500,
-            error_msg=request.error,
-        )
+
+    @staticmethod
+    def _metrics(group: RequestGroup) -> RequestMetrics:
+        """The prompt's timings: from its arrival and its earliest-started completion to now."""
+        now = time.time()
+        m = RequestMetrics(arrival_time=group.requests[0].metrics.arrival_time)
+        starts = [r.metrics.inference_start_time for r in group.requests if r.metrics.inference_start_time is not None]
+        if starts:
+            m.inference_start_time = min(starts)
+            m.time_in_queue = m.inference_start_time - m.arrival_time
+            m.model_forward_time = now - m.inference_start_time
+            firsts = [r.metrics.inference_start_time + r.metrics.first_token_time for r in group.requests
+                      if r.metrics.first_token_time is not None]
+            if firsts:
+                m.first_token_time = min(firsts) - m.inference_start_time
+        m.model_execute_time = now - m.arrival_time
+        return m

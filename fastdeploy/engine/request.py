@@ -1,7 +1,9 @@
 """Request state and the output objects of FastDeploy's offline API. Data types only.
 
 `RequestOutput`, `CompletionOutput` and `RequestMetrics` carry the fields documented in
-FastDeploy's offline inference docs (sections 2.5-2.7); `finish_reason`/`stop_reason` follow vLLM.
+FastDeploy's offline inference docs (sections 2.5-2.7); `finish_reason`, `stop_reason`,
+`cumulative_logprob` and `Logprob` follow vLLM. `RequestOutput.outputs` serves both APIs:
+FastDeploy's `output.outputs.text` and vLLM's `output.outputs[0].text` / `for c in output.outputs`.
 """
 from __future__ import annotations
 
@@ -11,6 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from fastdeploy.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class Logprob:
+    """One entry of a logprobs dict (vLLM's `Logprob`).
+
+    Attributes:
+        logprob: natural log of the token's probability.
+        rank: 1 + the number of tokens strictly more likely than this one (1 = the most likely).
+        decoded_token: the token's text alone (`tokenizer.decode([token_id])`).
+    """
+
+    logprob: float
+    rank: int
+    decoded_token: Optional[str] = None
+
+
+# Per position, {token_id: Logprob} of the top-k tokens plus the actual token.
+LogprobsDict = dict[int, Logprob]
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +74,10 @@ class CompletionOutput:
         finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or
             max_model_len) or "abort"; None while unfinished.
         stop_reason: the stop string or stop token id that matched; None for EOS or length.
+        cumulative_logprob: sum of the natural-log probabilities of `token_ids` (same logits as
+            `logprobs`); None unless `SamplingParams.logprobs` was set.
+        logprobs: list over generated tokens of {token_id: Logprob}: the `logprobs` most likely
+            tokens plus the generated one; None unless `SamplingParams.logprobs` was set.
     """
 
     index: int = 0
@@ -62,6 +87,22 @@ class CompletionOutput:
     reasoning_content: Optional[str] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    cumulative_logprob: Optional[float] = None
+    logprobs: Optional[list[LogprobsDict]] = None
+
+
+class CompletionOutputs(list):
+    """The completions of one prompt, ordered by `index`: a list (vLLM) whose attributes are those
+    of the first completion (FastDeploy: `output.outputs.text`). With n = 1 both are the same
+    completion."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or not self:
+            raise AttributeError(name)
+        return getattr(self[0], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self[0], name, value)
 
 
 @dataclass
@@ -72,7 +113,10 @@ class RequestOutput:
         request_id: the engine's id of the request.
         prompt: the prompt as given (text; for chat, the rendered template; None for token input).
         prompt_token_ids: the prompt's token ids.
-        outputs: the completion.
+        prompt_logprobs: list over prompt tokens of {token_id: Logprob} (the first is None);
+            None unless `SamplingParams.prompt_logprobs` was set.
+        outputs: the `n` completions (CompletionOutputs: `outputs[i]`, or `outputs.text` for the
+            first).
         finished: whether generation has ended.
         metrics: timings.
         num_cached_tokens: prompt tokens served from the prefix cache (0 when it is off).
@@ -84,9 +128,10 @@ class RequestOutput:
     request_id: str
     prompt: Optional[str]
     prompt_token_ids: list[int]
-    outputs: CompletionOutput
+    outputs: CompletionOutputs
     finished: bool
     metrics: RequestMetrics
+    prompt_logprobs: Optional[list[Optional[LogprobsDict]]] = None
     num_cached_tokens: int = 0
     error_code: int = 200
     error_msg: Optional[str] = None
@@ -94,7 +139,7 @@ class RequestOutput:
 
 @dataclass
 class Request:
-    """Engine-side state of one request.
+    """Engine-side state of one completion (one of the `n` of a prompt).
 
     Its tokens are prompt + generated tokens; the first `num_computed_tokens` are in the KV cache.
     After preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
@@ -106,6 +151,9 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: frozenset
     max_tokens: int
+    group_id: str = ""  # request_id of the prompt; the RequestOutput carries it
+    index: int = 0  # which of the prompt's n completions
+    bad_words_token_ids: list = field(default_factory=list)  # token-id sequences, see bad_words.py
     arrival_time: float = field(default_factory=time.time)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -117,6 +165,10 @@ class Request:
     stop_reason: Union[int, str, None] = None
     num_preemptions: int = 0
     error: Optional[str] = None  # set when the request failed at run time
+    logprobs: Optional[list] = None  # [LogprobsDict] per generated token when requested
+    cumulative_logprob: float = 0.0
+    prompt_logprobs: Optional[list] = None  # [num_prompt_tokens] LogprobsDict, [0] None, when requested
+    prompt_unique: Any = None  # sorted unique prompt ids, computed once when a penalty needs them
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
@@ -139,3 +191,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+
+@dataclass
+class RequestGroup:
+    """The `n` completions of one prompt; its RequestOutput is made when all have finished."""
+
+    request_id: str
+    requests: list[Request]
+    num_finished: int = 0

@@ -1,13 +1,15 @@
 """SamplingParams: how one request is decoded. Data and validation only, no engine logic.
 
-Field names and ranges follow FastDeploy's `fastdeploy.engine.sampling_params.SamplingParams`
-(and vLLM's, whose extra fields `ignore_eos`, `include_stop_str_in_output` and
-`skip_special_tokens` are accepted too). Every field is checked in `__post_init__`; a bad value
-raises ValueError (or TypeError for a wrong type) naming the field, the value and what is allowed.
+Field names, defaults and ranges follow FastDeploy's `fastdeploy.engine.sampling_params.SamplingParams`
+and vLLM's (`vllm.SamplingParams`), so code written against either works. Every field is checked
+in `__post_init__`; a bad value raises ValueError (or TypeError for a wrong type) naming the field,
+the value and what is allowed. Checks that need the model (token ids inside the vocabulary,
+`logprobs` against the LLM's `max_logprobs`) are made by the engine when the request is added.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -21,34 +23,72 @@ def _check_type(name: str, value, types: tuple, allowed: str) -> None:
         raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
 
 
+def _check_number(name: str, value, ok, allowed: str) -> None:
+    """TypeError unless a finite int/float; ValueError unless ok(value)."""
+    _check_type(name, value, (int, float), f"a number {allowed}")
+    if not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+
+
+def _check_token_ids(name: str, ids) -> None:
+    if not isinstance(ids, (list, tuple)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+    ):
+        raise TypeError(f"{name} must be a list of token ids (ints >= 0), got {ids!r}")
+
+
 @dataclass
 class SamplingParams:
     """Decoding settings of one request.
 
-    Defaults: `temperature`, `top_p` and `top_k` left as None take the model's
-    generation_config.json value, else 1.0, 1.0 and 0 (off). `temperature=0` means greedy:
-    the exact argmax of the logits.
+    Defaults: `temperature`, `top_p`, `top_k` and the three penalties left as None take the
+    model's generation_config.json value, else temperature 1.0, top_p 1.0, top_k 0 (off),
+    repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 (all neutral).
+
+    Logits processing, in this order (FastDeploy's `get_token_penalty_multi_scores`, then its
+    sampler; vLLM applies the same steps in the same order):
+      1. repetition_penalty r over tokens of the prompt and the output so far: a logit l > 0
+         becomes l / r, else l * r (CTRL, Keskar et al. 2019);
+      2. frequency and presence penalties over output tokens: l -= frequency_penalty * count
+         + presence_penalty * [count > 0] (OpenAI's definition);
+      3. EOS and stop_token_ids masked (-inf) while fewer than min_tokens are generated;
+         bad words masked;
+      4. division by temperature; temperature 0 = greedy: the argmax of the processed logits;
+      5. softmax, min_p, top_k, then top_p on the renormalised remainder; one draw.
 
     Attributes:
-        n: completions per prompt; only 1 is supported in this version.
-        temperature: >= 0; logits are divided by it before softmax; 0 = greedy.
+        n: completions per prompt, >= 1. They are independent samples; greedy (temperature 0)
+            with n > 1 is rejected since the completions would be identical.
+        temperature: finite, >= 0; 0 = greedy.
         top_p: in (0, 1]; keep the smallest set of most likely tokens whose probability mass
-            reaches top_p (nucleus sampling, Holtzman et al. 2019).
+            reaches top_p (nucleus sampling, Holtzman et al. 2019); the top token is always kept.
         top_k: 0 or -1 = off, else >= 1; keep the k most likely tokens.
         min_p: in [0, 1]; drop tokens whose probability is below min_p x the top probability.
-        Filter order (FastDeploy's sampler and vLLM's): temperature, softmax, min_p, top_k,
-        then top_p on the renormalised remainder.
+        presence_penalty: in [-2, 2]; subtracted once from the logit of every token already
+            generated. Positive values discourage repeating a token at all.
+        frequency_penalty: in [-2, 2]; subtracted per occurrence in the output so far.
+        repetition_penalty: > 0; 1 = off, > 1 discourages tokens seen in the prompt or output.
         max_tokens: >= 1 generated tokens at most (the prompt is not counted); None = up to
             max_model_len - prompt length. Larger values are clamped to that.
-        min_tokens: 0 <= min_tokens <= max_tokens; EOS and stop_token_ids are masked until this
-            many tokens have been generated.
+        min_tokens: 0 <= min_tokens <= max_tokens; EOS and stop_token_ids are masked, and stop
+            strings not checked, until this many tokens have been generated.
+        bad_words: list of non-empty strings never generated. Each word is tokenized as given and
+            with a leading space; a one-token word is always masked, the last token of a longer
+            word is masked when the output ends with the word's other tokens (vLLM's rule;
+            FastDeploy keeps only one-token words).
+        bad_words_token_ids: list of token ids always masked (FastDeploy's field).
         seed: int in [0, 922337203685477580] or None; a seeded request draws the same tokens
-            alone or in any batch.
+            alone or in any batch, in any run. None: drawn from the engine's generator.
         stop: str or list of str; generation ends when the detokenized output contains one.
             The stop string is cut from the text unless `include_stop_str_in_output`.
         stop_token_ids: list of token ids that end generation (kept in `token_ids`).
         ignore_eos: keep generating after EOS (benchmarks); max_tokens still applies.
         include_stop_str_in_output: keep the matched stop string at the end of `text`.
+        logprobs: None, or k >= 0 (-1 = the whole vocabulary): per generated token, the k most
+            likely tokens plus the sampled one, as {token_id: Logprob}. At most the LLM's
+            `max_logprobs` (20 by default).
+        prompt_logprobs: None, or k >= 0 (-1 = vocabulary): the same for every prompt token
+            (the first entry is None: nothing precedes it).
         skip_special_tokens: drop special tokens (e.g. `<|im_end|>`) from `text`.
     """
 
@@ -57,39 +97,71 @@ class SamplingParams:
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     min_p: float = 0.0
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
     max_tokens: Optional[int] = None
     min_tokens: int = 0
+    bad_words: Optional[list[str]] = None
+    bad_words_token_ids: Optional[list[int]] = None
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     stop_strings: list[str] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self._verify_numbers()
+        self._verify_sampling()
+        self._verify_penalties()
+        self._verify_lengths()
         self._verify_stops()
+        self._verify_logprobs()
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _check_type(name, getattr(self, name), (bool,), "True or False")
 
-    def _verify_numbers(self) -> None:
-        _check_type("n", self.n, (int,), "an int")
-        if self.n != 1:
-            raise ValueError(f"n must be 1 in this version, got {self.n}")
+    def _verify_sampling(self) -> None:
+        _check_type("n", self.n, (int,), "an int >= 1")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.temperature is not None:
-            _check_type("temperature", self.temperature, (int, float), "a number >= 0")
-            if not self.temperature >= 0:
-                raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            _check_number("temperature", self.temperature, lambda t: t >= 0, ">= 0 (0 = greedy)")
+            if self.temperature == 0 and self.n > 1:
+                raise ValueError(
+                    f"n must be 1 with greedy decoding (temperature=0), got n={self.n}: the {self.n} "
+                    "completions would be identical; set temperature > 0 to sample them"
+                )
         if self.top_p is not None:
-            _check_type("top_p", self.top_p, (int, float), "a number in (0, 1]")
-            if not 0 < self.top_p <= 1:
-                raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            _check_number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]")
         if self.top_k is not None:
             _check_type("top_k", self.top_k, (int,), "an int: 0 or -1 (off) or >= 1")
             if self.top_k < -1:
                 raise ValueError(f"top_k must be 0 or -1 (off) or >= 1, got {self.top_k}")
-        _check_type("min_p", self.min_p, (int, float), "a number in [0, 1]")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_number("min_p", self.min_p, lambda p: 0 <= p <= 1, "in [0, 1]")
+        if self.seed is not None:
+            _check_type("seed", self.seed, (int,), f"an int in [0, {MAX_SEED}]")
+            if not 0 <= self.seed <= MAX_SEED:
+                raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+
+    def _verify_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) is not None:
+                _check_number(name, getattr(self, name), lambda v: -2 <= v <= 2, "in [-2, 2]")
+        if self.repetition_penalty is not None:
+            _check_number("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0 (1 = off)")
+        if self.bad_words is not None:
+            words = self.bad_words
+            if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+                raise TypeError(f"bad_words must be a list of str, got {words!r}")
+            if any(not w.strip() for w in words):
+                raise ValueError(f"bad_words must not contain an empty or blank string, got {words!r}")
+        if self.bad_words_token_ids is not None:
+            _check_token_ids("bad_words_token_ids", self.bad_words_token_ids)
+
+    def _verify_lengths(self) -> None:
         if self.max_tokens is not None:
             _check_type("max_tokens", self.max_tokens, (int,), "an int >= 1")
             if self.max_tokens < 1:
@@ -101,10 +173,6 @@ class SamplingParams:
             raise ValueError(
                 f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}"
             )
-        if self.seed is not None:
-            _check_type("seed", self.seed, (int,), f"an int in [0, {MAX_SEED}]")
-            if not 0 <= self.seed <= MAX_SEED:
-                raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
 
     def _verify_stops(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -115,17 +183,21 @@ class SamplingParams:
                 raise ValueError(f"stop must not contain an empty string, got {self.stop!r}")
         self.stop_strings = list(stop or [])
         if self.stop_token_ids is not None:
-            ids = self.stop_token_ids
-            if not isinstance(ids, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
-            ):
-                raise TypeError(f"stop_token_ids must be a list of ints >= 0, got {ids!r}")
+            _check_token_ids("stop_token_ids", self.stop_token_ids)
+
+    def _verify_logprobs(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_type(name, value, (int,), "None or an int >= 0 (-1 = the whole vocabulary)")
+                if value < -1:
+                    raise ValueError(f"{name} must be >= 0, or -1 for the whole vocabulary, got {value}")
 
     def clone(self, **changes) -> "SamplingParams":
         """A validated copy with `changes` applied; the original is left untouched."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        for key in ("stop", "stop_token_ids"):
-            if isinstance(values[key], list):
-                values[key] = list(values[key])
+        for key, value in values.items():
+            if isinstance(value, (list, tuple)):
+                values[key] = list(value)
         values.update(changes)
         return SamplingParams(**values)

@@ -178,7 +178,7 @@ class _ProgressBar:
 
     def update(self, output: RequestOutput) -> None:
         self.input_tokens += len(output.prompt_token_ids)
-        self.output_tokens += len(output.outputs.token_ids)
+        self.output_tokens += sum(len(c.token_ids) for c in output.outputs)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         self.bar.set_postfix_str(
             f"est. speed input: {self.input_tokens / elapsed:.2f} toks/s, "

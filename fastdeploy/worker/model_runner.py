@@ -3,8 +3,12 @@
 Owns the model and the KV cache. The batch is ordered by query length (decodes first), so the
 attention backend can attend neighbours of similar length together. A request samples a token
 only when this step brings its whole sequence into the cache (a prompt chunk that leaves tokens
-for later samples nothing).
+for later samples nothing). Requests asking for prompt logprobs also get logits at every prompt
+position of their chunk that predicts a prompt token not yet scored.
 """
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import paddle
 
@@ -13,7 +17,26 @@ from fastdeploy.engine.request import Request
 from fastdeploy.engine.sched.scheduler import ScheduledRequest
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
+from fastdeploy.model_executor.layers.sample.bad_words import banned_now
+from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays, compute_logprobs
+from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, seen_tokens
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
+
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows, vocab] temporaries)
+
+
+@dataclass
+class SampledToken:
+    request: Request
+    token_id: int
+    logprobs: Optional[LogprobsArrays]  # one position, when the request asked for logprobs
+
+
+@dataclass
+class PromptLogprobs:
+    request: Request
+    positions: np.ndarray  # [m] prompt positions scored (each >= 1)
+    logprobs: LogprobsArrays
 
 
 class ModelRunner:
@@ -21,6 +44,7 @@ class ModelRunner:
         self.config = fd_config
         self.model = model
         self.block_size = fd_config.cache_config.block_size
+        self.vocab_size = fd_config.model_config.vocab_size
         self.rng = rng
         self.kv_caches = self._allocate_kv_caches()
 
@@ -32,25 +56,35 @@ class ModelRunner:
                 for _ in range(mc.num_hidden_layers)]
 
     @paddle.no_grad()
-    def execute(self, scheduled: list[ScheduledRequest]) -> list[tuple[Request, int]]:
-        """Run one step; returns (request, sampled token id) for requests that sample."""
+    def execute(self, scheduled: list[ScheduledRequest]) -> tuple[list[SampledToken], list[PromptLogprobs]]:
+        """Run one step: the sampled token of each request that samples, and prompt logprobs."""
         order = sorted(scheduled, key=lambda s: s.num_new_tokens)  # decodes first: attention groups by length
-        meta, sampling_requests = self._prepare(order)
-        logits = self.model.forward(meta, self.kv_caches)  # [num_sampled, vocab]
+        meta, sampling_requests, prompt_rows = self._prepare(order)
+        logits = self.model.forward(meta, self.kv_caches)  # [num_sampled + num_prompt_rows, vocab]
+        logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
+        num_sampled = len(sampling_requests)
+        scored = self._prompt_logprobs(logits[num_sampled:], prompt_rows) if prompt_rows else []
         if not sampling_requests:
-            return []
-        tokens = sample(logits, self._sampling_metadata(sampling_requests))
-        return list(zip(sampling_requests, tokens.tolist()))
+            return [], scored
+        out = sample(logits[:num_sampled], self._sampling_metadata(sampling_requests))
+        sampled = [SampledToken(r, int(t), lp) for r, t, lp in zip(sampling_requests, out.token_ids, out.logprobs)]
+        return sampled, scored
 
     def _prepare(self, order: list[ScheduledRequest]):
-        input_ids, positions, logits_indices, sampling_requests = [], [], [], []
+        input_ids, positions, sample_rows, sampling_requests, prompt_rows = [], [], [], [], []
         for s in order:
-            start = s.request.num_computed_tokens
-            input_ids += s.request.token_ids_between(start, start + s.num_new_tokens)
-            positions.append(np.arange(start, start + s.num_new_tokens, dtype=np.int64))
-            if start + s.num_new_tokens == s.request.num_tokens:
-                logits_indices.append(len(input_ids) - 1)
-                sampling_requests.append(s.request)
+            request, start, end = s.request, s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens
+            first_row = len(input_ids)
+            input_ids += request.token_ids_between(start, end)
+            positions.append(np.arange(start, end, dtype=np.int64))
+            if end == request.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sampling_requests.append(request)
+            if request.prompt_logprobs is not None:
+                # logits at position p score prompt token p + 1
+                scored = [p for p in range(start, min(end, request.num_prompt_tokens - 1))
+                          if request.prompt_logprobs[p + 1] is None]
+                prompt_rows += [(request, p, first_row + p - start) for p in scored]
         meta = ForwardMeta.build(
             input_ids=input_ids,
             positions=np.concatenate(positions),
@@ -58,21 +92,46 @@ class ModelRunner:
             seq_lens_decoder=[s.request.num_computed_tokens for s in order],
             block_tables=[s.request.block_ids for s in order],
             block_size=self.block_size,
-            logits_indices=logits_indices or [0],
+            logits_indices=(sample_rows + [row for _, _, row in prompt_rows]) or [0],
         )
-        return meta, sampling_requests
+        return meta, sampling_requests, prompt_rows
+
+    def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
+        """Raw logprobs of the prompt tokens at `prompt_rows` (request, position, row) from logits x [m, vocab]."""
+        results = []
+        by_request: dict[int, list[int]] = {}
+        for i, (request, _, _) in enumerate(prompt_rows):
+            by_request.setdefault(id(request), []).append(i)
+        for indices in by_request.values():
+            request = prompt_rows[indices[0]][0]
+            positions = np.array([prompt_rows[i][1] for i in indices], dtype=np.int64)
+            actual = np.asarray(request.prompt_token_ids, dtype=np.int64)[positions + 1]
+            k = self._num_logprobs(request.sampling_params.prompt_logprobs)
+            for lo in range(0, len(indices), PROMPT_LOGPROBS_ROWS):
+                rows = np.asarray(indices[lo : lo + PROMPT_LOGPROBS_ROWS])
+                arrays = compute_logprobs(x[rows], actual[lo : lo + len(rows)], k)
+                results.append(PromptLogprobs(request, positions[lo : lo + len(rows)] + 1, arrays))
+        return results
+
+    def _num_logprobs(self, k: Optional[int]) -> int:
+        return self.vocab_size if k == -1 else k
 
     def _sampling_metadata(self, requests: list[Request]) -> SamplingMetadata:
         banned = []
         uniforms = np.empty(len(requests))
         for row, request in enumerate(requests):
             params = request.sampling_params
+            ids = list(banned_now(request.bad_words_token_ids, request.output_token_ids))
             if len(request.output_token_ids) < params.min_tokens:
-                banned.append((row, sorted(request.eos_token_ids | set(params.stop_token_ids or ()))))
+                ids += sorted(request.eos_token_ids | set(params.stop_token_ids or ()))
+            if ids:
+                banned.append((row, ids))
             if params.seed is not None:
-                uniforms[row] = np.random.default_rng([params.seed, len(request.output_token_ids)]).random()
+                key = [params.seed, request.index, len(request.output_token_ids)]
+                uniforms[row] = np.random.default_rng(key).random()
             else:
                 uniforms[row] = self.rng.random()
+        logprobs = [r.sampling_params.logprobs for r in requests]
         return SamplingMetadata(
             temperature=np.array([r.sampling_params.temperature for r in requests], np.float64),
             top_k=np.array([r.sampling_params.top_k for r in requests], np.int64),
@@ -80,4 +139,28 @@ class ModelRunner:
             min_p=np.array([r.sampling_params.min_p for r in requests], np.float64),
             uniforms=uniforms,
             banned=banned,
+            penalties=self._penalty_inputs(requests),
+            num_logprobs=np.array([-1 if k is None else self._num_logprobs(k) for k in logprobs], np.int64),
+            logprobs_mode=self.config.logprobs_mode,
         )
+
+    @staticmethod
+    def _penalty_inputs(requests: list[Request]) -> Optional[PenaltyInputs]:
+        params = [r.sampling_params for r in requests]
+        repetition = np.array([p.repetition_penalty for p in params], np.float32)
+        frequency = np.array([p.frequency_penalty for p in params], np.float32)
+        presence = np.array([p.presence_penalty for p in params], np.float32)
+        active = np.flatnonzero((repetition != 1) | (frequency != 0) | (presence != 0))
+        if not len(active):
+            return None
+        rows, ids, counts = [], [], []
+        for row in active:
+            request = requests[row]
+            if request.prompt_unique is None:
+                request.prompt_unique = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int64))
+            row_ids, row_counts = seen_tokens(request.prompt_unique, request.output_token_ids)
+            rows.append(np.full(len(row_ids), row, np.int64))
+            ids.append(row_ids)
+            counts.append(row_counts)
+        return PenaltyInputs(np.concatenate(rows), np.concatenate(ids), np.concatenate(counts),
+                             repetition, frequency, presence)

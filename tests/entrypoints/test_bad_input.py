@@ -43,7 +43,7 @@ def isolate(request):
         return
     engine = request.getfixturevalue("llm").llm_engine
     yield
-    for request_id in list(engine.requests):
+    for request_id in list(engine.groups):
         engine.abort_request(request_id)
 
 
@@ -60,7 +60,7 @@ def no_loading(monkeypatch):
 def assert_idle(llm):
     engine = llm.llm_engine
     assert not engine.has_unfinished_requests()
-    assert engine.requests == {}
+    assert engine.groups == {}
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_usable_blocks
 
 
@@ -247,7 +247,26 @@ def test_chat_longer_than_max_model_len(llm):
         ({"stop": [1]}, TypeError, "stop", "[1]"),
         ({"stop": ""}, ValueError, "stop", "''"),
         ({"stop_token_ids": [-1]}, TypeError, "stop_token_ids", "[-1]"),
-        ({"n": 2}, ValueError, "n", "2"),
+        ({"n": 0}, ValueError, "n", "got 0"),
+        ({"n": "2"}, TypeError, "n", "'2'"),
+        ({"n": 2, "temperature": 0}, ValueError, "n", "n=2"),
+        ({"temperature": float("nan")}, ValueError, "temperature", "nan"),
+        ({"temperature": float("inf")}, ValueError, "temperature", "inf"),
+        ({"presence_penalty": 2.5}, ValueError, "presence_penalty", "2.5"),
+        ({"presence_penalty": -3}, ValueError, "presence_penalty", "-3"),
+        ({"frequency_penalty": 3}, ValueError, "frequency_penalty", "got 3"),
+        ({"frequency_penalty": "lots"}, TypeError, "frequency_penalty", "'lots'"),
+        ({"repetition_penalty": 0}, ValueError, "repetition_penalty", "got 0"),
+        ({"repetition_penalty": -1.2}, ValueError, "repetition_penalty", "-1.2"),
+        ({"bad_words": "word"}, TypeError, "bad_words", "'word'"),
+        ({"bad_words": [7]}, TypeError, "bad_words", "[7]"),
+        ({"bad_words": ["ok", " "]}, ValueError, "bad_words", "' '"),
+        ({"bad_words_token_ids": [-5]}, TypeError, "bad_words_token_ids", "[-5]"),
+        ({"logprobs": -2}, ValueError, "logprobs", "-2"),
+        ({"logprobs": 1.5}, TypeError, "logprobs", "1.5"),
+        ({"prompt_logprobs": -3}, ValueError, "prompt_logprobs", "-3"),
+        ({"ignore_eos": "yes"}, TypeError, "ignore_eos", "'yes'"),
+        ({"include_stop_str_in_output": 1}, TypeError, "include_stop_str_in_output", "1"),
         ({"min_p": 2}, ValueError, "min_p", "2"),
         ({"min_p": -0.1}, ValueError, "min_p", "-0.1"),
     ],
@@ -259,6 +278,41 @@ def test_invalid_sampling_values_name_the_field_and_value(kwargs, error, field, 
     message = str(info.value)
     assert message.startswith(f"{field} must "), message
     assert shown in message, message
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, shown",
+    [
+        ({"logprobs": 21}, "logprobs", "max_logprobs=20"),
+        ({"prompt_logprobs": 50}, "prompt_logprobs", "max_logprobs=20"),
+        ({"logprobs": -1}, "logprobs", "max_logprobs=20"),
+        ({"stop_token_ids": [10**7]}, "stop_token_ids", "10000000"),
+        ({"bad_words_token_ids": [10**7]}, "bad_words_token_ids", "10000000"),
+    ],
+)
+def test_values_checked_against_the_model_name_the_field(llm, kwargs, field, shown):
+    with pytest.raises(ValueError) as info:
+        llm.generate(["fine", "also fine"], SamplingParams(max_tokens=2, **kwargs), use_tqdm=False)
+    message = str(info.value)
+    assert message.startswith(f"{field}") and shown in message, message
+    assert_idle(llm)
+
+
+def test_logprobs_need_enable_logprob_when_it_is_off(llm, monkeypatch):
+    monkeypatch.setattr(llm.llm_engine.config, "max_logprobs", None)  # as LLM(enable_logprob=False)
+    with pytest.raises(ValueError, match=r"^logprobs=1 was requested, but .*enable_logprob=False"):
+        llm.generate("hi", SamplingParams(max_tokens=2, logprobs=1), use_tqdm=False)
+    assert_idle(llm)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"max_logprobs": -2}, "max_logprobs"), ({"logprobs_mode": "raw_logits"}, "logprobs_mode"),
+     ({"enable_logprob": "yes"}, "enable_logprob")],
+)
+def test_logprob_settings_are_checked_before_loading(no_loading, kwargs, field):
+    with pytest.raises((ValueError, TypeError), match=rf"^{field} must"):
+        LLM(**kwargs)
 
 
 def test_min_tokens_message_names_max_tokens():

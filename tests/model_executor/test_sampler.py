@@ -39,7 +39,7 @@ def draw(temperature, top_k=0, top_p=1.0, min_p=0.0, seed=0, banned=()) -> np.nd
         min_p=np.full(rows, min_p), uniforms=np.random.default_rng(seed).random(rows),
         banned=[(r, list(banned)) for r in range(rows)] if banned else [],
     )
-    return sample(paddle.to_tensor(np.tile(LOGITS, (rows, 1))), md)
+    return sample(paddle.to_tensor(np.tile(LOGITS, (rows, 1))), md).token_ids
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_greedy_is_the_argmax_and_ignores_uniforms():
     logits = np.random.default_rng(3).normal(size=(64, 1000)).astype(np.float32)
     md = SamplingMetadata(temperature=np.zeros(64), top_k=np.zeros(64, np.int64), top_p=np.ones(64),
                           min_p=np.zeros(64), uniforms=np.random.default_rng(4).random(64), banned=[])
-    assert (sample(paddle.to_tensor(logits), md) == logits.argmax(axis=1)).all()
+    assert (sample(paddle.to_tensor(logits), md).token_ids == logits.argmax(axis=1)).all()
 
 
 def test_top_k_one_equals_greedy_at_any_temperature():
@@ -81,7 +81,7 @@ def test_banned_tokens_never_appear():
     assert not np.isin(tokens, [0, 1]).any()
     md = SamplingMetadata(temperature=np.zeros(1), top_k=np.zeros(1, np.int64), top_p=np.ones(1),
                           min_p=np.zeros(1), uniforms=np.zeros(1), banned=[(0, [0])])
-    assert sample(paddle.to_tensor(LOGITS[None]), md)[0] == 1  # greedy falls to the runner-up
+    assert sample(paddle.to_tensor(LOGITS[None]), md).token_ids[0] == 1  # greedy falls to the runner-up
 
 
 def test_same_uniforms_give_same_tokens():

@@ -1,0 +1,48 @@
+"""Log-probabilities of chosen tokens and the top-k alternatives, from logits rows.
+
+logprob = l_t - logsumexp(l) (natural log). rank = 1 + the number of tokens with a strictly larger
+logit (vLLM's rank counts ties against the token; they differ only on exact ties).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class LogprobsArrays:
+    """Logprobs of m positions."""
+
+    top_ids: np.ndarray  # [m, k] int64, most likely first (ties: lower id first)
+    top_logprobs: np.ndarray  # [m, k] float32
+    top_ranks: np.ndarray  # [m, k] int64
+    token_logprobs: np.ndarray  # [m] float32 logprob of the chosen/actual token
+    token_ranks: np.ndarray  # [m] int64
+
+
+def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> LogprobsArrays:
+    """Logprobs of `token_ids` [m] under logits [m, vocab] float32, with the top k of each row."""
+    m, vocab = logits.shape
+    k = min(k, vocab)
+    top = logits.max(axis=1, keepdims=True)  # [m, 1]
+    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1, dtype=np.float64))  # [m]
+    chosen = logits[np.arange(m), token_ids]  # [m]
+    token_ranks = 1 + (logits > chosen[:, None]).sum(axis=1)
+    if k == 0:
+        top_ids = np.zeros((m, 0), np.int64)
+    elif k == vocab:
+        top_ids = np.argsort(-logits, axis=1, kind="stable")
+    else:
+        part = np.argpartition(-logits, k - 1, axis=1)[:, :k]  # [m, k] unordered
+        part.sort(axis=1)  # ids ascending, so the stable sort below breaks ties by id
+        order = np.argsort(-np.take_along_axis(logits, part, axis=1), axis=1, kind="stable")
+        top_ids = np.take_along_axis(part, order, axis=1)
+    top_values = np.take_along_axis(logits, top_ids, axis=1)  # [m, k] descending
+    # descending rows: tokens strictly above v are exactly those before v's first occurrence
+    top_ranks = 1 + np.stack([np.searchsorted(-row, -row, side="left") for row in top_values]) if m else top_ids
+    return LogprobsArrays(
+        top_ids=top_ids.astype(np.int64),
+        top_logprobs=(top_values - lse[:, None]).astype(np.float32),
+        top_ranks=top_ranks.astype(np.int64),
+        token_logprobs=(chosen - lse).astype(np.float32),
+        token_ranks=token_ranks.astype(np.int64),
+    )
