@@ -69,7 +69,8 @@ class CompletionOutput:
         index: index of this completion among the prompt's completions (0 when n = 1).
         send_idx: number of tokens generated when this output was made.
         token_ids: generated token ids (EOS or a stop token included when it ended the request).
-        text: detokenized `token_ids`, stop string cut unless `include_stop_str_in_output`.
+        text: detokenized `token_ids`; a stop string, or the text of the EOS or stop token that
+            ended the request, left out unless `include_stop_str_in_output`.
         reasoning_content: chain-of-thought text split off by a reasoning parser, else None.
         finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or
             max_model_len) or "abort"; None while unfinished.
@@ -94,7 +95,12 @@ class CompletionOutput:
 class CompletionOutputs(list):
     """The completions of one prompt, ordered by `index`: a list (vLLM) whose attributes are those
     of the first completion (FastDeploy: `output.outputs.text`). With n = 1 both are the same
-    completion."""
+    completion. `outputs.index` is the first completion's index, as in FastDeploy (list's
+    `index()` method stays reachable as `list.index(outputs, x)`)."""
+
+    @property
+    def index(self) -> int:  # shadows list.index: FastDeploy code reads `output.outputs.index`
+        return self[0].index
 
     def __getattr__(self, name: str):
         if name.startswith("__") or not self:

@@ -81,9 +81,11 @@ class SamplingParams:
             alone or in any batch, in any run. None: drawn from the engine's generator.
         stop: str or list of str; generation ends when the detokenized output contains one.
             The stop string is cut from the text unless `include_stop_str_in_output`.
-        stop_token_ids: list of token ids that end generation (kept in `token_ids`).
+        stop_token_ids: list of token ids that end generation (kept in `token_ids`; like EOS,
+            their text is left out of `text`, vLLM's rule).
         ignore_eos: keep generating after EOS (benchmarks); max_tokens still applies.
-        include_stop_str_in_output: keep the matched stop string at the end of `text`.
+        include_stop_str_in_output: keep the matched stop string, or the text of the stop token or
+            EOS that ended the request, at the end of `text`.
         logprobs: None, or k >= 0 (-1 = the whole vocabulary): per generated token, the k most
             likely tokens plus the sampled one, as {token_id: Logprob}. At most the LLM's
             `max_logprobs` (20 by default).

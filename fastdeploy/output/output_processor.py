@@ -3,6 +3,8 @@
 Checks, in order, after each generated token (vLLM's order):
 1. EOS (unless `ignore_eos`) -> finish_reason "stop", stop_reason None;
 2. a token of `stop_token_ids` -> "stop", stop_reason = that id;
+   in both cases the token stays in `token_ids` but its text is not added to `text` unless
+   `include_stop_str_in_output` (vLLM's rule);
 3. a stop string in the new text (searched only in the tail the new piece can complete, also
    across token boundaries) -> "stop", stop_reason = the string; the text is cut before it unless
    `include_stop_str_in_output`;
@@ -33,13 +35,17 @@ def append_token(request: Request, token_id: int) -> bool:
     """Add `token_id` to `request`; sets finish_reason/stop_reason and returns True when it ends."""
     params = request.sampling_params
     request.output_token_ids.append(token_id)
-    piece = request.detokenizer.add_token(token_id)
     num_generated = len(request.output_token_ids)
     if token_id in request.eos_token_ids and not params.ignore_eos:
         request.finish_reason = "stop"
     elif params.stop_token_ids and token_id in params.stop_token_ids:
         request.finish_reason, request.stop_reason = "stop", token_id
-    elif params.stop_strings and piece and num_generated >= params.min_tokens:
+    if request.finish_reason is not None:
+        if params.include_stop_str_in_output:
+            request.detokenizer.add_token(token_id)
+        return True
+    piece = request.detokenizer.add_token(token_id)
+    if params.stop_strings and piece and num_generated >= params.min_tokens:
         match = _find_stop_string(request.detokenizer.text, len(piece), params.stop_strings,
                                   params.include_stop_str_in_output)
         if match is not None:
