@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+MARGIN = 4.0  # logits within this of the maximum are top-k candidates first
+MAX_CANDIDATES = 4096
+
 
 @dataclass
 class LogprobsArrays:
@@ -46,13 +49,11 @@ def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> Logpr
 
 
 def _top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """The k largest of row [vocab], largest first, ties by lower id: sorts only the tokens within
-    a widening margin of the maximum (a few dozen for a real LM) instead of the vocabulary."""
-    top = row.max()
-    margin = 4.0
-    while True:
-        ids = np.flatnonzero(row >= top - margin)  # ascending ids
-        if len(ids) >= k or not np.isfinite(margin):
-            break
-        margin = margin * 4 if margin < 1e6 else np.inf
+    """The k largest of row [vocab], largest first, ties by lower id. Sorts only candidates: the
+    tokens within MARGIN of the maximum when there are enough of them and not too many (the usual
+    case for a language model), else the tokens at or above the k-th largest value."""
+    ids = np.flatnonzero(row >= row.max() - MARGIN)  # ascending ids
+    if not k <= len(ids) <= MAX_CANDIDATES:
+        kth = np.partition(row, len(row) - k)[len(row) - k]
+        ids = np.flatnonzero(row >= kth)
     return ids[np.argsort(-row[ids], kind="stable")[:k]]
