@@ -27,9 +27,10 @@ def compute_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> Logpr
     m, vocab = logits.shape
     k = min(k, vocab)
     top = logits.max(axis=1, keepdims=True)  # [m, 1]
-    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1, dtype=np.float64))  # [m]
+    shifted = logits - top
+    lse = top[:, 0] + np.log(np.exp(shifted, out=shifted).sum(axis=1, dtype=np.float64))  # [m]
     chosen = logits[np.arange(m), token_ids]  # [m]
-    token_ranks = 1 + (logits > chosen[:, None]).sum(axis=1)
+    token_ranks = 1 + np.count_nonzero(logits > chosen[:, None], axis=1)
     if k == 0:
         top_ids = np.zeros((m, 0), np.int64)
     elif k == vocab:

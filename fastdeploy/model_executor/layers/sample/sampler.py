@@ -132,7 +132,7 @@ def sample(logits, md: SamplingMetadata) -> SamplerOutput:
             tokens[r] = int(np.argmax(x[r]))
     logprobs = [None] * rows
     if len(wants):
-        source = raw if raw is not None else x[wants]
-        for i, r in enumerate(wants):
+        source = raw if raw is not None else x[wants]  # [len(wants), vocab]
+        for i, r in enumerate(wants):  # row by row: small temporaries stay in cache
             logprobs[r] = compute_logprobs(source[i : i + 1], tokens[r : r + 1], int(md.num_logprobs[r]))
     return SamplerOutput(tokens, logprobs)
