@@ -98,6 +98,8 @@ class SchedulerConfig:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0  # resolved by EngineArgs; 0 = no per-request cap
 
 
 @dataclass

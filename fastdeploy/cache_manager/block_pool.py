@@ -1,13 +1,28 @@
-"""The pool of KV-cache blocks: which physical blocks are free. Plain Python, no tensors.
+"""The pool of KV-cache blocks: reference counts, the prefix cache, and the free queue. Plain Python.
 
 Block 0 is the null block: it pads block tables for the attention kernels and is never handed
-out, so a pool of `num_blocks` serves `num_blocks - 1` blocks. Callers ask `can_allocate` before
-`allocate`, so an allocation is never half done. Freed blocks go to the end of the free list and
-are handed out last-freed-last (FIFO), so a sequence's blocks are reused in the order they left.
+out, so a pool of `num_blocks` serves `num_blocks - 1` blocks.
+
+Prefix caching (the design of vLLM's KVCacheManager and FastDeploy's PrefixCacheManager): a full
+block whose tokens are in the cache can be registered under the hash of (parent block's hash, its
+token ids, extra keys); a later sequence with the same tokens from position 0 finds it by walking
+the chain, and a hit is confirmed by comparing the token ids and the parent hash, so a hash
+collision can never serve wrong KV. A block is shared by reference count. A block nobody uses is
+free: it sits in the LRU free queue, still holding its KV and its hash, until it is handed out
+again (then it leaves the cache). Blocks without a hash go to the front of the queue (reused
+first), cached ones to the back; callers free a sequence's blocks tail first, so a sequence's tail
+is evicted before the prefix it may share with others.
 """
-from collections import deque
+from collections import OrderedDict
+from typing import Optional
 
 NULL_BLOCK_ID = 0
+
+
+def hash_block(parent_hash: Optional[int], token_ids: tuple, extra_keys: tuple = ()) -> int:
+    """The key of a full block: its parent's key, its token ids, and extra keys (e.g. the hashes
+    of multimodal items it covers; () for text)."""
+    return hash((parent_hash, token_ids, extra_keys))
 
 
 class BlockPool:
@@ -15,8 +30,12 @@ class BlockPool:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
-        self._used: set[int] = set()
+        self.ref_counts = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))  # front = next out
+        self._hash: list[Optional[int]] = [None] * num_blocks
+        self._tokens: list[Optional[tuple]] = [None] * num_blocks
+        self._parent: list[Optional[int]] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
 
     @property
     def num_usable_blocks(self) -> int:
@@ -24,23 +43,76 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks nobody uses (cached or not): what allocate can hand out."""
         return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
 
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
 
     def allocate(self, n: int) -> list[int]:
-        """Hand out `n` free block ids; raises RuntimeError if fewer are free (ask can_allocate)."""
+        """Hand out `n` free blocks (evicting their cached content); raises RuntimeError if fewer are free."""
         if n > len(self._free):
             raise RuntimeError(f"asked for {n} KV blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(n)]
-        self._used.update(blocks)
+        blocks = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            self._evict(block_id)
+            self.ref_counts[block_id] = 1
+            blocks.append(block_id)
         return blocks
 
     def free(self, block_ids: list[int]) -> None:
-        """Return blocks to the pool; freeing a block that is not in use raises RuntimeError."""
+        """Drop one reference to each block, in the given order (pass a sequence's blocks tail first).
+
+        Raises RuntimeError for a block that is not in use.
+        """
         for block_id in block_ids:
-            if block_id not in self._used:
+            if not 0 < block_id < self.num_blocks or self.ref_counts[block_id] <= 0:
                 raise RuntimeError(f"KV block {block_id} freed but not in use")
-            self._used.remove(block_id)
-            self._free.append(block_id)
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self._free[block_id] = None
+                if self._hash[block_id] is None:
+                    self._free.move_to_end(block_id, last=False)
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take one more reference to each block (prefix-cache hits), taking free ones off the queue."""
+        for block_id in block_ids:
+            if self.ref_counts[block_id] == 0:
+                del self._free[block_id]
+            self.ref_counts[block_id] += 1
+
+    # ---- prefix cache ---------------------------------------------------------------------------
+    def cache_block(self, block_id: int, block_hash: int, token_ids: tuple, parent_hash: Optional[int]) -> None:
+        """Register a full, computed block. If another block already holds this content, that
+        one stays the cached copy (block tables are append-only, so no de-duplication)."""
+        if block_hash in self._cached or self._hash[block_id] is not None:
+            return
+        self._cached[block_hash] = block_id
+        self._hash[block_id], self._tokens[block_id], self._parent[block_id] = block_hash, token_ids, parent_hash
+
+    def lookup(self, block_hash: int, token_ids: tuple, parent_hash: Optional[int]) -> Optional[int]:
+        """The cached block with exactly this content and parent, or None."""
+        block_id = self._cached.get(block_hash)
+        if block_id is None or self._tokens[block_id] != token_ids or self._parent[block_id] != parent_hash:
+            return None
+        return block_id
+
+    def is_free(self, block_id: int) -> bool:
+        return self.ref_counts[block_id] == 0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (their KV stays until overwritten, but is never matched again)."""
+        for block_id in self._cached.values():
+            self._hash[block_id] = self._tokens[block_id] = self._parent[block_id] = None
+        self._cached.clear()
+
+    def _evict(self, block_id: int) -> None:
+        block_hash = self._hash[block_id]
+        if block_hash is not None:
+            del self._cached[block_hash]
+            self._hash[block_id] = self._tokens[block_id] = self._parent[block_id] = None

@@ -31,9 +31,13 @@ class EngineArgs:
         block_size: tokens per KV-cache block.
         max_num_seqs: requests decoded together at most (FastDeploy's default is 8; 32 here
             because offline batch jobs on CPU gain throughput from larger GEMMs).
-        max_num_batched_tokens: tokens computed in one step at most. None: 8192, raised to
-            max_model_len when chunked prefill is off (a prompt must then fit one step).
+        max_num_batched_tokens: tokens computed in one step at most. None: 2048 with chunked
+            prefill (smaller steps: shorter waits for the first token of requests queued behind a
+            long prompt), else max(8192, max_model_len) (a prompt must then fit one step).
         enable_chunked_prefill: split long prompts across steps, sharing steps with decodes.
+        long_prefill_token_threshold: with chunked prefill, the most prompt tokens one request
+            gets in a step before every other queued or running prefill had its share (leftover
+            budget then tops up the running prefills). 0: 4% of max_model_len (FastDeploy's rule).
         num_gpu_blocks_override: KV blocks in the pool (block 0 included); None sizes the pool
             from memory.
         gpu_memory_utilization: on CPU, the fraction of the machine's available memory that
@@ -43,8 +47,9 @@ class EngineArgs:
         tensor_parallel_size: only 1 is supported in this version.
         seed: seed of the generator unseeded requests draw from (None: fresh entropy).
         chat_template: a Jinja template (string or path) replacing the model's chat template.
-        enable_prefix_caching: accepted; prefix caching is not implemented in this version, so
-            True logs a warning.
+        enable_prefix_caching: reuse the KV of full blocks of earlier sequences with the same
+            leading tokens (see cache_manager/block_pool.py); `RequestOutput.num_cached_tokens`
+            reports the hit. On by default.
         enable_logprob: FastDeploy's switch for logprobs. Logprobs cost nothing here unless a
             request asks for them, so the default is True (vLLM-style code needs no switch);
             False makes a request with `logprobs`/`prompt_logprobs` raise ValueError.
@@ -63,13 +68,14 @@ class EngineArgs:
     max_num_seqs: int = 32
     max_num_batched_tokens: Optional[int] = None
     enable_chunked_prefill: bool = False
+    long_prefill_token_threshold: int = 0
     num_gpu_blocks_override: Optional[int] = None
     gpu_memory_utilization: float = 0.9
     kv_cache_ratio: float = 0.75
     tensor_parallel_size: int = 1
     seed: Optional[int] = None
     chat_template: Optional[str] = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     enable_logprob: bool = True
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
@@ -110,19 +116,23 @@ class EngineArgs:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if not isinstance(self.enable_logprob, bool):
             raise TypeError(f"enable_logprob must be True or False, got {self.enable_logprob!r}")
-        if self.enable_prefix_caching:
-            logger.warning("enable_prefix_caching=True: prefix caching is not implemented in this version; ignored")
+        positive_int("long_prefill_token_threshold", 0)
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     def scheduler_config(self) -> SchedulerConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
-            budget = 8192 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+            budget = 2048 if self.enable_chunked_prefill else max(8192, self.max_model_len)
         if not self.enable_chunked_prefill and budget < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: without "
                 "chunked prefill a prompt must fit one step; raise it or set enable_chunked_prefill=True"
             )
-        return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill)
+        threshold = self.long_prefill_token_threshold or max(1, int(self.max_model_len * 0.04))
+        return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill,
+                               self.enable_prefix_caching, threshold)
 
     def cache_config(self, model_config: ModelConfig, weights_bytes: int) -> CacheConfig:
         blocks_per_seq = -(-self.max_model_len // self.block_size)

@@ -52,7 +52,8 @@ class LLMEngine:
         self.block_pool = BlockPool(fd_config.cache_config.num_blocks)
         self.scheduler = Scheduler(
             self.block_pool, fd_config.cache_config.block_size, sc.max_num_seqs,
-            sc.max_num_batched_tokens, sc.enable_chunked_prefill,
+            sc.max_num_batched_tokens, sc.enable_chunked_prefill, sc.enable_prefix_caching,
+            sc.long_prefill_token_threshold,
         )
         self.runner = ModelRunner(fd_config, model, np.random.default_rng(fd_config.seed))
         self.groups: dict[str, RequestGroup] = {}
@@ -201,6 +202,11 @@ class LLMEngine:
                 self.scheduler.finish(request)
         return self._make_output(group)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; later requests start with no prefix-cache hit. Returns True."""
+        self.block_pool.reset_prefix_cache()
+        return True
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -273,6 +279,7 @@ class LLMEngine:
             outputs=CompletionOutputs(self._completion(r) for r in group.requests),
             finished=True,
             metrics=self._metrics(group),
+            num_cached_tokens=first.num_cached_tokens or 0,
             error_code=200 if not errors else 500,
             error_msg=errors[0] if errors else None,
         )

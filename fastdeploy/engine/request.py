@@ -143,7 +143,7 @@ class RequestOutput:
     error_msg: Optional[str] = None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: requests are compared and hashed as objects
 class Request:
     """Engine-side state of one completion (one of the `n` of a prompt).
 
@@ -175,6 +175,9 @@ class Request:
     cumulative_logprob: float = 0.0
     prompt_logprobs: Optional[list] = None  # [num_prompt_tokens] LogprobsDict, [0] None, when requested
     prompt_unique: Any = None  # sorted unique prompt ids, computed once when a penalty needs them
+    extra_keys: tuple = ()  # mixed into every block hash (multimodal item hashes; () for text)
+    block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
+    num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

@@ -40,6 +40,10 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache (vLLM's `LLM.reset_prefix_cache`); returns True."""
+        return self.llm_engine.reset_prefix_cache()
+
     # ---- public API ----------------------------------------------------------------------------
     def generate(
         self,

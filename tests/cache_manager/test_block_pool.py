@@ -1,9 +1,9 @@
-"""BlockPool accounting: block 0 is never handed out, allocate/free bookkeeping, FIFO reuse, errors."""
+"""BlockPool accounting: block 0 is never handed out, allocate/free bookkeeping, reuse order, errors."""
 import random
 
 import pytest
 
-from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID, BlockPool
+from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID, BlockPool, hash_block
 
 
 def test_null_block_is_never_handed_out():
@@ -82,14 +82,17 @@ def test_freeing_a_block_never_allocated_raises():
     assert pool.num_free_blocks == 0
 
 
-def test_freed_blocks_are_reused_last_freed_last():
+def test_uncached_freed_blocks_are_reused_first_and_cached_ones_last():
     pool = BlockPool(8)
     assert pool.allocate(3) == [1, 2, 3]
-    pool.free([2])
-    # 4..7 were free before 2 came back, so they come first; 2 is handed out after them
-    assert pool.allocate(5) == [4, 5, 6, 7, 2]
-    pool.free([3, 1])
-    assert pool.allocate(2) == [3, 1]
+    pool.free([2])  # holds nothing worth keeping: goes to the front
+    assert pool.allocate(2) == [2, 4]
+    pool.cache_block(1, hash_block(None, (9, 9)), (9, 9), None)
+    pool.free([3, 1])  # 3 to the front, cached 1 to the back: evicted last
+    assert pool.allocate(4) == [3, 5, 6, 7]
+    assert pool.lookup(hash_block(None, (9, 9)), (9, 9), None) == 1  # still cached while free
+    assert pool.allocate(1) == [1]
+    assert pool.lookup(hash_block(None, (9, 9)), (9, 9), None) is None  # handed out: evicted
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

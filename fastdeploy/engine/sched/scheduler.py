@@ -1,24 +1,31 @@
-"""Continuous batching with a token budget. Plain Python: sees requests and block ids, no tensors.
+"""Continuous batching with a token budget, chunked prefill, prefix caching and preemption.
+Plain Python: sees requests and block ids, no tensors.
 
-Each `schedule()` builds one model step:
-1. Running requests first, in arrival order: each gets the tokens it still needs (1 at decode;
-   the rest of its prompt, or a chunk of it, during prefill). When the pool has no block for
-   one, the most recently admitted running request is preempted (its blocks freed, its state
-   reset to recompute) and put back at the front of the queue.
-2. Then waiting requests join, in order, while fewer than `max_num_seqs` run, the step has
-   token budget left (`max_num_batched_tokens`) and the pool has blocks for them. Without chunked
-   prefill a prompt joins only when all of it fits in the step's budget.
+Each `schedule()` builds one model step from a budget of `max_num_batched_tokens` tokens:
+1. decodes: running requests that need one token, in admission order;
+2. running prefills (prompts, or recomputation after preemption, not yet all in the cache);
+3. waiting requests, FIFO, while fewer than `max_num_seqs` run, budget is left and the pool has
+   blocks. A new request first takes its longest cached prefix (whole blocks, leaving at least one
+   token to compute so the step yields logits), then needs blocks for the rest;
+4. with chunked prefill, budget left over tops up the running prefills.
+With chunked prefill, steps 2-3 give each prefill at most `long_prefill_token_threshold` tokens,
+so a short prompt queued behind a long one joins the next step instead of waiting for the whole
+long prefill; without it, a prompt joins only when all of it fits the step.
 
-Invariants: at most `max_num_seqs` requests run; at most `max_num_batched_tokens` tokens are
-scheduled per step; a request holds exactly ceil(num_computed_tokens_after_step / block_size)
-blocks; a finished request holds none.
+When the pool has no block for a request of steps 1-2, the most recently admitted running request
+is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
+goes back to the front of the queue; no new request joins in that step.
+
+Invariants: at most `max_num_seqs` requests run; at most `max_num_batched_tokens` tokens per step;
+a request holds exactly ceil(num_computed_tokens_after_step / block_size) blocks; a finished
+request holds none; every block's reference count equals the number of block tables holding it.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
-from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.block_pool import BlockPool, hash_block
 from fastdeploy.engine.request import Request, RequestStatus
 
 
@@ -46,12 +53,17 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
+        enable_prefix_caching: bool = False,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefill_cap = long_prefill_token_threshold if enable_chunked_prefill and long_prefill_token_threshold > 0 \
+            else max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -64,59 +76,127 @@ class Scheduler:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[Request] = []
-        for request in list(self.running):
+        step = _Step(self.max_num_batched_tokens)
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for request in decodes + prefills:
             if request not in self.running:  # preempted while making room for an earlier one
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, self.prefill_cap, step.budget)
             if num_new <= 0:
                 continue
-            if not self._reserve_blocks(request, num_new, preempted):
+            if not self._reserve_blocks(request, num_new, step):
                 break
-            scheduled.append(ScheduledRequest(request, num_new))
-            budget -= num_new
-        if not preempted:
-            budget = self._admit_waiting(budget, scheduled)
-        return SchedulerOutput(scheduled, preempted)
+            step.add(request, num_new)
+        if not step.preempted:
+            self._admit_waiting(step)
+        if self.enable_chunked_prefill:
+            self._top_up_prefills(step)
+        for request, num_new in step.tokens.items():
+            self._cache_blocks(request, request.num_computed_tokens + num_new)
+        return SchedulerOutput([ScheduledRequest(r, n) for r, n in step.tokens.items()], step.preempted)
 
-    def _reserve_blocks(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
+    def _reserve_blocks(self, request: Request, num_new: int, step: "_Step") -> bool:
         """Give `request` blocks for `num_new` more tokens, preempting later requests if needed."""
         need = self.blocks_needed(request.num_computed_tokens + num_new) - len(request.block_ids)
         while not self.block_pool.can_allocate(need):
             victim = self.running[-1]
+            step.remove(victim)
             self._preempt(victim)
-            preempted.append(victim)
+            step.preempted.append(victim)
             if victim is request:
                 return False
         request.block_ids.extend(self.block_pool.allocate(need))
         return True
 
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _admit_waiting(self, step: "_Step") -> None:
+        while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            num_new = request.num_tokens - request.num_computed_tokens
-            if num_new > budget:
-                if not self.enable_chunked_prefill:
-                    break
-                num_new = budget
-            need = self.blocks_needed(num_new)
-            if not self.block_pool.can_allocate(need):
+            hits, hashes = self._cached_prefix(request)
+            computed = len(hits) * self.block_size
+            remaining = request.num_tokens - computed
+            if remaining > step.budget and not self.enable_chunked_prefill:
+                break
+            num_new = min(remaining, self.prefill_cap, step.budget)
+            need = self.blocks_needed(computed + num_new) - len(hits)
+            reclaimed = sum(1 for b in hits if self.block_pool.is_free(b))  # hits waiting in the free queue
+            if not self.block_pool.can_allocate(need + reclaimed):
                 break
             self.waiting.popleft()
-            request.block_ids = self.block_pool.allocate(need)
+            self.block_pool.touch(hits)  # before allocate, so allocate cannot evict them
+            request.block_ids = hits + self.block_pool.allocate(need)
+            request.block_hashes = hashes
+            request.num_computed_tokens = computed
+            if request.num_cached_tokens is None:  # reported for the first admission
+                request.num_cached_tokens = computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(ScheduledRequest(request, num_new))
-            budget -= num_new
-        return budget
+            step.add(request, num_new)
+            self._cache_blocks(request, computed + num_new)  # later admissions may share them now
+
+    def _top_up_prefills(self, step: "_Step") -> None:
+        """Budget left after everyone's share goes to running prefills, in admission order."""
+        for request in self.running:
+            if step.budget <= 0:
+                return
+            scheduled = step.tokens.get(request, 0)
+            remaining = request.num_tokens - request.num_computed_tokens - scheduled
+            if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0:  # a decode
+                continue
+            extra = min(remaining, step.budget)
+            need = self.blocks_needed(request.num_computed_tokens + scheduled + extra) - len(request.block_ids)
+            if not self.block_pool.can_allocate(need):
+                return
+            request.block_ids.extend(self.block_pool.allocate(need))
+            step.add(request, extra)
+
+    # ---- prefix cache -----------------------------------------------------------------------------
+    def _cached_prefix(self, request: Request) -> tuple[list[int], list[int]]:
+        """(block ids, their hashes) of the longest cached prefix of a request about to be admitted:
+        at most (num_tokens - 1) // block_size blocks, so at least one token is computed. Requests
+        wanting prompt logprobs read no cache (their prompt logits must be computed)."""
+        if not self.enable_prefix_caching or request.prompt_logprobs is not None:
+            return [], []
+        blocks, hashes, parent = [], [], None
+        for i in range((request.num_tokens - 1) // self.block_size):
+            tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
+            block_hash = hash_block(parent, tokens, request.extra_keys)
+            block_id = self.block_pool.lookup(block_hash, tokens, parent)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+            hashes.append(block_hash)
+            parent = block_hash
+        return blocks, hashes
+
+    def _cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first `num_tokens` tokens.
+
+        Called while the step is built, for the tokens the step will compute: the model writes
+        every K/V of a step before any attention reads the cache, so a request admitted later in
+        the same step can already share them (vLLM does the same). Preemption happens only before
+        admissions, so no block registered here loses its computation.
+        """
+        if not self.enable_prefix_caching:
+            return
+        for i in range(len(request.block_hashes), num_tokens // self.block_size):
+            tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
+            parent = request.block_hashes[-1] if request.block_hashes else None
+            block_hash = hash_block(parent, tokens, request.extra_keys)
+            self.block_pool.cache_block(request.block_ids[i], block_hash, tokens, parent)
+            request.block_hashes.append(block_hash)
+
+    # ---- leaving --------------------------------------------------------------------------------------
+    def _release_blocks(self, request: Request) -> None:
+        self.block_pool.free(request.block_ids[::-1])  # tail first: evicted before the shared prefix
+        request.block_ids = []
+        request.block_hashes = []
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self.block_pool.free(request.block_ids)
-        request.block_ids = []
+        self._release_blocks(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -128,6 +208,21 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.block_pool.free(request.block_ids)
-        request.block_ids = []
+        self._release_blocks(request)
         request.status = RequestStatus.FINISHED
+
+
+class _Step:
+    """Tokens granted so far in the step being built."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.tokens: dict[Request, int] = {}  # insertion order = schedule order
+        self.preempted: list[Request] = []
+
+    def add(self, request: Request, num_new: int) -> None:
+        self.tokens[request] = self.tokens.get(request, 0) + num_new
+        self.budget -= num_new
+
+    def remove(self, request: Request) -> None:
+        self.budget += self.tokens.pop(request, 0)
