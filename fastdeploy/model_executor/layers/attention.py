@@ -73,6 +73,7 @@ class AttentionMetadata:
 class LongPrefill:
     token_start: int
     num_tokens: int
+    history: int  # tokens of this request already in the cache before this step
     gather_rows: np.ndarray  # [kv_heads * num_blocks]
     mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask
     to_grouped: np.ndarray  # [kv_heads * group * num_tokens]: for each grouped row, its batch row
@@ -207,7 +208,7 @@ class PaddleAttentionBackend:
         rows = _gather_rows(meta.block_tables[i, :num_blocks], self.num_kv_heads)
         to_grouped, from_grouped = _group_permutations(np.zeros(1, np.int64), np.array([n]), self.num_kv_heads,
                                                        self.group)
-        return LongPrefill(int(meta.cu_seqlens_q[i]), n, rows, mask, to_grouped, from_grouped)
+        return LongPrefill(int(meta.cu_seqlens_q[i]), n, int(history[0]), rows, mask, to_grouped, from_grouped)
 
     # ---- per layer ---------------------------------------------------------------------------
     def forward(
@@ -265,9 +266,11 @@ class PaddleAttentionBackend:
         pieces = []
         for start in range(0, t_all, MAX_BATCHED_QUERY):
             t = min(MAX_BATCHED_QUERY, t_all - start)
+            visible = item.history + start + t  # causal: later keys are masked anyway, skip them
             qb = q[:, :, start : start + t].reshape([kvh, group * t, dim])
-            scores = paddle.matmul(qb, keys, transpose_y=True).reshape([kvh, group, t, length])
-            probs = F.softmax(scores + _as_paddle(item.mask[start : start + t]), axis=-1)
-            pieces.append(paddle.matmul(probs.reshape([kvh, group * t, length]), values).reshape([kvh, group, t, dim]))
+            scores = paddle.matmul(qb, keys[:, :visible], transpose_y=True).reshape([kvh, group, t, visible])
+            probs = F.softmax(scores + _as_paddle(item.mask[start : start + t, :visible]), axis=-1)
+            pieces.append(paddle.matmul(probs.reshape([kvh, group * t, visible]), values[:, :visible])
+                          .reshape([kvh, group, t, dim]))
         out = pieces[0] if len(pieces) == 1 else paddle.concat(pieces, axis=2)  # [kvh, group, t_all, dim]
         return _permute_rows(out, item.from_grouped, [t_all, self.num_heads * dim])
