@@ -4,25 +4,34 @@ Block 0 is the null block: it pads block tables for the attention kernels and is
 out, so a pool of `num_blocks` serves `num_blocks - 1` blocks.
 
 Prefix caching (the design of vLLM's KVCacheManager and FastDeploy's PrefixCacheManager): a full
-block whose tokens are in the cache can be registered under the hash of (parent block's hash, its
-token ids, extra keys); a later sequence with the same tokens from position 0 finds it by walking
-the chain, and a hit is confirmed by comparing the token ids and the parent hash, so a hash
-collision can never serve wrong KV. A block is shared by reference count. A block nobody uses is
+block whose tokens are in the cache can be registered under the SHA-256 of (parent block's key,
+its token ids, extra keys); a later sequence with the same tokens from position 0 finds it by
+walking the chain. A hit is confirmed by comparing the token ids and the parent key, and a
+sequence whose key turns out to name other content (a collision) registers no further blocks, so
+every registered key names exactly one prefix and a collision can never serve wrong KV. A block is shared by reference count. A block nobody uses is
 free: it sits in the LRU free queue, still holding its KV and its hash, until it is handed out
 again (then it leaves the cache). Blocks without a hash go to the front of the queue (reused
 first), cached ones to the back; callers free a sequence's blocks tail first, so a sequence's tail
 is evicted before the prefix it may share with others.
 """
+import hashlib
 from collections import OrderedDict
 from typing import Optional
+
+import numpy as np
 
 NULL_BLOCK_ID = 0
 
 
-def hash_block(parent_hash: Optional[int], token_ids: tuple, extra_keys: tuple = ()) -> int:
-    """The key of a full block: its parent's key, its token ids, and extra keys (e.g. the hashes
-    of multimodal items it covers; () for text)."""
-    return hash((parent_hash, token_ids, extra_keys))
+def hash_block(parent_hash: Optional[bytes], token_ids: tuple, extra_keys: tuple = ()) -> bytes:
+    """The key of a full block: SHA-256 of its parent's key, its token ids and extra keys (e.g. the
+    hashes of multimodal items it covers; () for text). A cryptographic hash, so a key names one
+    whole prefix; lookups still confirm the tokens and the parent key."""
+    h = hashlib.sha256(parent_hash or b"")
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
 
 
 class BlockPool:
@@ -32,10 +41,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))  # front = next out
-        self._hash: list[Optional[int]] = [None] * num_blocks
+        self._hash: list[Optional[bytes]] = [None] * num_blocks
         self._tokens: list[Optional[tuple]] = [None] * num_blocks
-        self._parent: list[Optional[int]] = [None] * num_blocks
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._parent: list[Optional[bytes]] = [None] * num_blocks
+        self._cached: dict[bytes, int] = {}  # block hash -> block id
 
     @property
     def num_usable_blocks(self) -> int:
@@ -87,15 +96,20 @@ class BlockPool:
             self.ref_counts[block_id] += 1
 
     # ---- prefix cache ---------------------------------------------------------------------------
-    def cache_block(self, block_id: int, block_hash: int, token_ids: tuple, parent_hash: Optional[int]) -> None:
-        """Register a full, computed block. If another block already holds this content, that
-        one stays the cached copy (block tables are append-only, so no de-duplication)."""
-        if block_hash in self._cached or self._hash[block_id] is not None:
-            return
-        self._cached[block_hash] = block_id
-        self._hash[block_id], self._tokens[block_id], self._parent[block_id] = block_hash, token_ids, parent_hash
+    def cache_block(self, block_id: int, block_hash: bytes, token_ids: tuple, parent_hash: Optional[bytes]) -> bool:
+        """Register a full, computed block under `block_hash`. If another block already holds the
+        same content, that one stays the cached copy (block tables are append-only, so no
+        de-duplication). Returns False when the hash is held by different content (a collision):
+        the caller must then stop registering that sequence's later blocks."""
+        holder = self._cached.get(block_hash)
+        if holder is not None:
+            return self._tokens[holder] == token_ids and self._parent[holder] == parent_hash
+        if self._hash[block_id] is None:
+            self._cached[block_hash] = block_id
+            self._hash[block_id], self._tokens[block_id], self._parent[block_id] = block_hash, token_ids, parent_hash
+        return True
 
-    def lookup(self, block_hash: int, token_ids: tuple, parent_hash: Optional[int]) -> Optional[int]:
+    def lookup(self, block_hash: bytes, token_ids: tuple, parent_hash: Optional[bytes]) -> Optional[int]:
         """The cached block with exactly this content and parent, or None."""
         block_id = self._cached.get(block_hash)
         if block_id is None or self._tokens[block_id] != token_ids or self._parent[block_id] != parent_hash:

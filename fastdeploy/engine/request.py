@@ -177,6 +177,7 @@ class Request:
     prompt_unique: Any = None  # sorted unique prompt ids, computed once when a penalty needs them
     extra_keys: tuple = ()  # mixed into every block hash (multimodal item hashes; () for text)
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
+    prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
 
     def __post_init__(self) -> None:

@@ -88,7 +88,7 @@ class Scheduler:
             if num_new <= 0:
                 continue
             if not self._reserve_blocks(request, num_new, step):
-                break
+                continue  # it preempted itself; earlier-admitted requests may use what it freed
             step.add(request, num_new)
         if not step.preempted:
             self._admit_waiting(step)
@@ -145,11 +145,12 @@ class Scheduler:
             remaining = request.num_tokens - request.num_computed_tokens - scheduled
             if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0:  # a decode
                 continue
-            extra = min(remaining, step.budget)
-            need = self.blocks_needed(request.num_computed_tokens + scheduled + extra) - len(request.block_ids)
-            if not self.block_pool.can_allocate(need):
-                return
-            request.block_ids.extend(self.block_pool.allocate(need))
+            start = request.num_computed_tokens + scheduled
+            room = (len(request.block_ids) + self.block_pool.num_free_blocks) * self.block_size - start
+            extra = min(remaining, step.budget, room)
+            if extra <= 0:
+                continue
+            request.block_ids.extend(self.block_pool.allocate(self.blocks_needed(start + extra) - len(request.block_ids)))
             step.add(request, extra)
 
     # ---- prefix cache -----------------------------------------------------------------------------
@@ -179,13 +180,17 @@ class Scheduler:
         the same step can already share them (vLLM does the same). Preemption happens only before
         admissions, so no block registered here loses its computation.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.prefix_chain_broken:
             return
         for i in range(len(request.block_hashes), num_tokens // self.block_size):
             tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
             parent = request.block_hashes[-1] if request.block_hashes else None
             block_hash = hash_block(parent, tokens, request.extra_keys)
-            self.block_pool.cache_block(request.block_ids[i], block_hash, tokens, parent)
+            if not self.block_pool.cache_block(request.block_ids[i], block_hash, tokens, parent):
+                # the hash names other content (a collision): later blocks would name a parent that
+                # is not theirs, so this sequence registers nothing more
+                request.prefix_chain_broken = True
+                return
             request.block_hashes.append(block_hash)
 
     # ---- leaving --------------------------------------------------------------------------------------
@@ -193,6 +198,7 @@ class Scheduler:
         self.block_pool.free(request.block_ids[::-1])  # tail first: evicted before the shared prefix
         request.block_ids = []
         request.block_hashes = []
+        request.prefix_chain_broken = False
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -1,0 +1,419 @@
+"""KV cache end to end on the default model (SmolLM2-135M), greedy: prefix caching, chunked prefill,
+preemption and tiny pools change when tokens are computed, never which tokens come out.
+
+Oracle: the same prompts on an LLM with prefix caching off, chunked prefill off and a big pool
+(`llm_off`), with top-2 logprobs so a divergence is accepted only at a near-tie (top-2 logit gap
+below NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
+`num_cached_tokens` is checked by arithmetic: whole blocks, at most (prompt_len - 1) // block_size.
+Errors about the pool are checked for their numbers, and raised before any model is built.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.engine import args_utils
+from fastdeploy.engine.args_utils import EngineArgs
+from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.sched.scheduler import Scheduler
+
+GiB = 1 << 30
+NEAR_TIE = 1e-3
+BLOCK = 16  # block size of the big-pool LLMs
+MAX_LEN = 512
+
+SYSTEM = (
+    "You are the support assistant of Harbor Lane Hardware, a small family-run hardware store. "
+    "Always answer politely and briefly, in plain English, and never invent prices or stock levels. "
+    "The store opens at eight in the morning and closes at six in the evening from Monday to Friday; "
+    "on Saturday it opens at nine and closes at four, and on Sunday it is closed. "
+    "Customers can return unused items within thirty days with a receipt; opened paint, cut keys, "
+    "custom-mixed colors and lumber cut to size cannot be returned. "
+    "The store sells hand tools, power tools, fasteners, plumbing parts, electrical supplies, paint, "
+    "garden tools, seeds in spring, and snow shovels and ice melt in winter. "
+    "Key cutting, screen repair, glass cutting and propane refills are done at the service desk. "
+    "If a question is about safety, such as electrical wiring or gas lines, recommend a licensed "
+    "professional. If you do not know an answer, say so and suggest calling the store. "
+    "Delivery is available within ten miles for orders over fifty dollars, usually on the next business "
+    "day; large items such as lumber, ladders and wheelbarrows are delivered on Tuesdays and Thursdays. "
+    "Gift cards never expire and can be used together with any other discount, but not to buy other gift cards. "
+    "Keep every answer under three sentences unless the customer asks for step-by-step instructions.\n"
+)
+QUESTIONS = [
+    "Question: Are you open on Sunday?\nAnswer:",
+    "Question: Can I return a can of paint I opened?\nAnswer:",
+    "Question: Do you cut keys?\nAnswer:",
+    "Question: What should I use to fix a leaking faucet?\nAnswer:",
+    "Question: When do you sell seeds?\nAnswer:",
+]
+SHARED = [SYSTEM + q for q in QUESTIONS]
+UNRELATED = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "List three primary colors:",
+]
+
+
+def random_ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 40000) for _ in range(n)]
+
+
+# token-id prompts for num_cached_tokens: exact multiples of BLOCK among them; distinct first tokens
+CACHE_LENGTHS = [5, 16, 17, 48, 64, 70, 100]
+CACHE_PROMPTS = [random_ids(1000 + n, n) for n in CACHE_LENGTHS]
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, **kw)
+
+
+def run(llm, prompts, params) -> list:
+    if prompts and isinstance(prompts[0], list):
+        prompts = [{"prompt_token_ids": p} for p in prompts]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def gaps_of(completion) -> list[float]:
+    """Top-2 logprob gap (= logit gap) at each generated position."""
+    out = []
+    for entry in completion.logprobs:
+        values = sorted((lp.logprob for lp in entry.values()), reverse=True)
+        out.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+    return out
+
+
+def assert_same_greedy(ours: list[int], ref: list[int], gaps: list[float], what: str = "") -> None:
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            assert gaps[i] < NEAR_TIE, f"{what} token {i}: got {a}, reference {b}, top-2 gap {gaps[i]:.2e}"
+            return  # a near-tie: the continuations may differ from here on
+    assert len(ours) == len(ref), f"{what} lengths differ: got {len(ours)}, reference {len(ref)}"
+
+
+def assert_outputs_match(outputs, references, what: str) -> None:
+    assert len(outputs) == len(references)
+    for i, (o, r) in enumerate(zip(outputs, references)):
+        assert o.prompt_token_ids == r.prompt_token_ids
+        assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, gaps_of(r.outputs), f"{what} prompt {i}:")
+
+
+def assert_pool_idle(llm) -> None:
+    engine = llm.llm_engine
+    pool = engine.block_pool
+    assert not engine.has_unfinished_requests() and engine.groups == {}
+    assert pool.num_free_blocks == pool.num_usable_blocks
+    assert all(c == 0 for c in pool.ref_counts)
+
+
+# ---- the LLMs (each ~8 s to build) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llm_on():
+    """Prefix caching on (the default). Its first generate call runs right here, on an empty cache."""
+    llm = LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16)
+    fresh = run(llm, CACHE_PROMPTS, greedy(8))
+    return SimpleNamespace(llm=llm, fresh=fresh)
+
+
+@pytest.fixture(scope="module")
+def llm_off():
+    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
+def llm_chunk16():
+    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
+               max_num_batched_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def llm_chunk64():
+    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
+               max_num_batched_tokens=64)
+
+
+SMALL_BLOCK, SMALL_LEN, SMALL_BLOCKS = 8, 160, 21  # 20 usable blocks = one max_model_len sequence
+
+
+@pytest.fixture(scope="module")
+def llm_small():
+    return LLM(max_model_len=SMALL_LEN, block_size=SMALL_BLOCK, num_gpu_blocks_override=SMALL_BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def reference(llm_off):
+    """Greedy outputs (with top-2 logprobs) of llm_off, computed once per (prompts, params)."""
+    memo = {}
+
+    def get(prompts, params):
+        key = (repr(prompts), repr(params))
+        if key not in memo:
+            memo[key] = run(llm_off, prompts, params)
+        return memo[key]
+
+    return get
+
+
+@pytest.fixture
+def no_model_build(monkeypatch):
+    """Building the model fails loudly: settings errors must come before it."""
+
+    class Refuse:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the model was being built although the settings are invalid")
+
+    import fastdeploy.model_executor.models as models
+
+    monkeypatch.setattr(models, "get_model_class", lambda architecture: Refuse)
+
+
+@pytest.fixture
+def preemptions(monkeypatch):
+    """Counts Scheduler._preempt calls."""
+    count = [0]
+    original = Scheduler._preempt
+
+    def counting(self, request):
+        count[0] += 1
+        return original(self, request)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    return count
+
+
+def full_blocks(n: int, block_size: int = BLOCK) -> int:
+    """num_cached_tokens of a repeated n-token prompt: whole blocks, one token left to compute."""
+    return (n - 1) // block_size * block_size
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+# ---- prefix caching on vs off ------------------------------------------------------------------------
+def test_shared_system_prompt_same_tokens_with_and_without_prefix_caching(llm_on, reference):
+    llm = llm_on.llm
+    params = greedy(12)
+    ref = reference(SHARED, params)
+    lengths = [len(r.prompt_token_ids) for r in ref]
+    assert min(lengths) > 250, "the shared prompts are meant to be a few hundred tokens"
+    first = run(llm, SHARED, params)  # one batch: later prompts share blocks the first computes
+    assert_outputs_match(first, ref, "prefix caching, first run")
+    for i, o in enumerate(first):
+        c = o.num_cached_tokens
+        assert c % BLOCK == 0 and c <= full_blocks(lengths[i])
+        if i > 0:  # at least the blocks it shares with the earlier prompts of the batch
+            shared = max(common_prefix(o.prompt_token_ids, ref[j].prompt_token_ids) for j in range(i))
+            assert c >= min(shared // BLOCK * BLOCK, full_blocks(lengths[i])) > 0
+    again = run(llm, SHARED, params)
+    assert_outputs_match(again, ref, "prefix caching, repeat")
+    assert [o.num_cached_tokens for o in again] == [full_blocks(n) for n in lengths]
+    assert_pool_idle(llm)
+
+
+def test_unrelated_prompts_same_tokens_with_and_without_prefix_caching(llm_on, reference):
+    params = greedy(16)
+    ref = reference(UNRELATED, params)
+    for attempt in range(2):
+        assert_outputs_match(run(llm_on.llm, UNRELATED, params), ref, f"unrelated, run {attempt}")
+    assert_pool_idle(llm_on.llm)
+
+
+def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
+    llm, fresh = llm_on.llm, llm_on.fresh
+    assert [o.num_cached_tokens for o in fresh] == [0] * len(CACHE_PROMPTS), "fresh LLM: nothing cached"
+    assert_outputs_match(fresh, reference(CACHE_PROMPTS, greedy(8)), "fresh run")
+    hit = run(llm, CACHE_PROMPTS, greedy(8))
+    assert [o.num_cached_tokens for o in hit] == [full_blocks(n) for n in CACHE_LENGTHS]
+    assert [full_blocks(n) for n in CACHE_LENGTHS] == [0, 0, 16, 32, 48, 64, 96]  # the arithmetic
+    assert_outputs_match(hit, fresh, "hit vs miss")
+    assert llm.reset_prefix_cache() is True
+    assert llm.llm_engine.block_pool.num_cached_blocks == 0
+    after_reset = run(llm, CACHE_PROMPTS, greedy(8))
+    assert [o.num_cached_tokens for o in after_reset] == [0] * len(CACHE_PROMPTS)
+    assert_outputs_match(after_reset, fresh, "after reset vs miss")
+    assert_pool_idle(llm)
+
+
+def test_prefix_caching_off_reports_no_cached_tokens(llm_off):
+    out = run(llm_off, CACHE_PROMPTS[3:5] * 2, greedy(2))
+    assert [o.num_cached_tokens for o in out] == [0] * 4
+    assert llm_off.llm_engine.block_pool.num_cached_blocks == 0
+
+
+# ---- chunked prefill ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", [16, 64])
+def test_chunked_prefill_gives_the_same_tokens_as_unchunked(request, budget, reference, monkeypatch):
+    """Budgets 16 and 64 (below max_model_len=512, allowed with chunked prefill) against the
+    reference, which runs unchunked (budget max(8192, max_model_len): each prompt in one step)."""
+    llm = request.getfixturevalue(f"llm_chunk{budget}")
+    step_tokens = []
+    original = Scheduler.schedule
+
+    def recording(self):
+        out = original(self)
+        if self is llm.llm_engine.scheduler:  # not the reference LLM's steps
+            step_tokens.append(out.num_tokens)
+        return out
+
+    monkeypatch.setattr(Scheduler, "schedule", recording)
+    prompts = SHARED[:3] + UNRELATED[:2]
+    params = greedy(10)
+    out = run(llm, prompts, params)
+    assert_outputs_match(out, reference(prompts, params), f"chunked prefill, budget {budget}")
+    assert max(step_tokens) == budget  # prompts were cut into budget-sized steps
+    assert sum(len(o.prompt_token_ids) for o in out) > 2 * budget
+    assert_pool_idle(llm)
+
+
+# ---- preemption ---------------------------------------------------------------------------------------
+def test_tiny_pool_preempts_often_and_gives_the_same_tokens(llm_small, reference, preemptions):
+    pool = llm_small.llm_engine.block_pool
+    assert pool.num_usable_blocks == SMALL_LEN // SMALL_BLOCK  # exactly one max_model_len sequence
+    # 24 prompts of 3..7 tokens: 20 are admitted with one block each, filling the pool; each then
+    # needs 2 more blocks for its 16 tokens, so requests keep preempting each other
+    prompts = [random_ids(2000 + i, 3 + i % 5) for i in range(24)]
+    params = greedy(16, ignore_eos=True)
+    out = run(llm_small, prompts, params)
+    assert preemptions[0] >= 10, f"only {preemptions[0]} preemptions: the pool was meant to be far too small"
+    assert_outputs_match(out, reference(prompts, params), "tiny pool")
+    assert all(len(o.outputs.token_ids) == 16 for o in out)
+    assert_pool_idle(llm_small)
+
+
+def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
+    rng = random.Random(7)
+    n = 1000
+    prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randint(1, 5))] for _ in range(n)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(1, 3)) for _ in range(n)]
+    out = run(llm_small, prompts, params)
+    assert len(out) == n and all(o is not None for o in out)
+    assert len({o.request_id for o in out}) == n
+    eos = llm_small.llm_engine.eos_token_ids
+    for i, o in enumerate(out):
+        assert o.prompt_token_ids == prompts[i], f"output {i} belongs to another prompt"
+        c = o.outputs
+        assert 1 <= len(c.token_ids) <= params[i].max_tokens
+        if c.finish_reason == "length":
+            assert len(c.token_ids) == params[i].max_tokens
+        else:
+            assert c.finish_reason == "stop" and c.token_ids[-1] in eos, (i, c.finish_reason, c.token_ids)
+    # a sample of them against the oracle (one batch there): each output is its own prompt's
+    sample = sorted(rng.sample(range(n), 24))
+    refs = reference([prompts[i] for i in sample], [greedy(params[i].max_tokens) for i in sample])
+    for i, ref in zip(sample, refs):
+        assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, gaps_of(ref.outputs), f"request {i}:")
+    assert_pool_idle(llm_small)
+
+
+# ---- abort ----------------------------------------------------------------------------------------------
+def test_abort_frees_every_block_including_shared_cached_ones(llm_on, reference):
+    llm = llm_on.llm
+    engine = llm.llm_engine
+    pool = engine.block_pool
+    tokenizer = llm.get_tokenizer()
+    prompts = [tokenizer.encode(SYSTEM + "Question: Do you sell ladders?\nAnswer:" + " " * i, add_special_tokens=False)
+               for i in range(3)]
+    ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+           for p in prompts]
+    engine.step()
+    engine.step()
+    assert max(pool.ref_counts) >= 3, "the three requests were meant to share the system prompt's blocks"
+    assert pool.num_free_blocks < pool.num_usable_blocks
+    outputs = [engine.abort_request(i) for i in ids]
+    assert all(o.outputs.finish_reason == "abort" for o in outputs)
+    assert_pool_idle(llm)
+    assert engine.abort_request(ids[0]) is None  # unknown now
+    # the aborted requests' blocks stay cached and serve a later request correctly
+    out = run(llm, [prompts[0]], greedy(8))
+    assert out[0].num_cached_tokens == full_blocks(len(prompts[0]))
+    assert_outputs_match(out, reference([prompts[0]], greedy(8)), "after abort")
+    assert_pool_idle(llm)
+
+
+def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, reference):
+    engine = llm_chunk16.llm_engine
+    prompt = random_ids(3000, 120)
+    request_id = engine.add_request(None, prompt, SamplingParams(temperature=0, max_tokens=4))
+    for _ in range(3):
+        assert engine.step() == []  # 16 prompt tokens per step: nothing finishes
+    out = engine.abort_request(request_id)
+    assert out.outputs.finish_reason == "abort" and out.outputs.token_ids == []
+    assert_pool_idle(llm_chunk16)
+    # the 3 blocks computed before the abort are found again, and hold the right KV
+    again = run(llm_chunk16, [prompt], greedy(8))
+    assert again[0].num_cached_tokens == 3 * BLOCK
+    assert_outputs_match(again, reference([prompt], greedy(8)), "after aborted prefill")
+    assert_pool_idle(llm_chunk16)
+
+
+# ---- errors with their numbers ----------------------------------------------------------------------------
+def test_pool_smaller_than_one_sequence_is_rejected_with_its_numbers(no_model_build):
+    with pytest.raises(ValueError) as e:
+        LLM(max_model_len=SMALL_LEN, block_size=SMALL_BLOCK, num_gpu_blocks_override=SMALL_BLOCKS - 1)
+    message = str(e.value)
+    for part in ("num_gpu_blocks_override=20", "19 usable blocks", "max_model_len=160", "needs 20 blocks",
+                 "of 8 tokens", "at least 21"):
+        assert part in message, f"{part!r} not in: {message}"
+
+
+def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(llm_small, no_model_build, monkeypatch):
+    mc = llm_small.llm_engine.config.model_config
+    weights = mc.weight_bytes()
+    tiny = 64 << 20
+    monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: tiny)
+    with pytest.raises(ValueError) as e:
+        LLM(max_model_len=8192, block_size=64)
+    message = str(e.value)
+    needed = (8192 // 64 + 1) * 64 * mc.kv_bytes_per_token()
+    for part in (f"needs {needed / GiB:.2f} GiB", "0.00 GiB is available", f"{tiny / GiB:.2f} GiB free memory",
+                 f"{weights / GiB:.2f} GiB weights", "max_model_len", "gpu_memory_utilization"):
+        assert part in message, f"{part!r} not in: {message}"
+
+
+def test_pool_sizing_from_memory_arithmetic(monkeypatch, llm_small):
+    """cache_config with a patched memory size: num_blocks = min(budget // block_bytes, useful)."""
+    mc = llm_small.llm_engine.config.model_config
+    weights = mc.weight_bytes()
+    block_size, max_len, seqs, util = 16, 256, 4, 0.5
+    block_bytes = mc.kv_bytes_per_token() * block_size
+    per_seq = max_len // block_size  # 16
+    useful = seqs * per_seq + 1  # 65
+
+    def blocks_with_budget(budget_bytes):
+        monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
+        args = EngineArgs(max_model_len=max_len, block_size=block_size, max_num_seqs=seqs, gpu_memory_utilization=util)
+        return args.cache_config(mc, weights).num_blocks
+
+    assert blocks_with_budget((per_seq + 1) * block_bytes) == per_seq + 1  # just one sequence + the null block
+    assert blocks_with_budget(40 * block_bytes + block_bytes // 2) == 40
+    assert blocks_with_budget(1000 * block_bytes) == useful  # no more than max_num_seqs sequences use
+    with pytest.raises(ValueError, match="max_model_len=256 sequence needs"):
+        blocks_with_budget((per_seq + 1) * block_bytes - block_bytes // 2)
+
+
+def test_prompt_needing_more_blocks_than_the_pool(llm_small):
+    """Through LLM() no prompt can need more blocks than the pool: the pool holds one
+    max_model_len sequence, and a prompt is shorter. The longest prompt fills the whole pool and
+    still generates; validate_prompt's own message is checked on a pool swapped for a smaller one."""
+    engine = llm_small.llm_engine
+    usable = engine.block_pool.num_usable_blocks
+    assert -(-(SMALL_LEN - 1) // SMALL_BLOCK) <= usable
+    out = run(llm_small, [random_ids(4000, SMALL_LEN - 1)], SamplingParams(temperature=0, max_tokens=5))
+    assert len(out[0].outputs.token_ids) == 1  # room for one token only
+    assert_pool_idle(llm_small)
+    stub = SimpleNamespace(config=engine.config, block_pool=BlockPool(5))  # 4 usable blocks of 8 tokens
+    with pytest.raises(ValueError) as e:
+        LLMEngine.validate_prompt(stub, random_ids(5000, 33), index=3)
+    message = str(e.value)
+    for part in ("prompt (prompt 3)", "needs 5 KV blocks", "the pool has 4", "num_gpu_blocks_override"):
+        assert part in message, f"{part!r} not in: {message}"
+    LLMEngine.validate_prompt(stub, random_ids(5000, 32))  # 4 blocks: fits
