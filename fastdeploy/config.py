@@ -41,8 +41,13 @@ class ModelConfig:
     rope_scaling: Optional[dict]
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool = False
+    attention_bias: bool = False  # config.json's flag (Llama: biases on q/k/v and o)
     mlp_bias: bool = False
+    use_bias: bool = False  # ERNIE-4.5: biases on every linear layer
+    # what the layers build; set by each model class's adapt_config from the flags above
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
 
     @classmethod
     def from_hf_config(cls, hf: dict) -> "ModelConfig":
@@ -68,6 +73,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 attention_bias=bool(hf.get("attention_bias", False)),
                 mlp_bias=bool(hf.get("mlp_bias", False)),
+                use_bias=bool(hf.get("use_bias", False)),
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None

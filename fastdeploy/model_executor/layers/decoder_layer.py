@@ -1,0 +1,122 @@
+"""The pre-norm transformer decoder layer shared by the dense models (Llama, Qwen2, Qwen3, ERNIE-4.5).
+
+    h = h + o_proj(attention(rope(q_norm?(q)), rope(k_norm?(k)), v))   with q, k, v = qkv_proj(rms_norm(h))
+    h = h + mlp(rms_norm(h))                                             mlp = down(swiglu(gate_up(x)))
+
+Weights are stored [in, out] (Paddle's layout) and fused: qkv [hidden, (heads + 2 kv_heads) * head_dim],
+gate_up [hidden, 2 * intermediate]. Optional parts follow ModelConfig: biases on q/k/v (`qkv_bias`,
+Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q and k before RoPE
+(`qk_norm`, Qwen3). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
+goes (the MLP's names are given by an `mlp` object, so MoE layers reuse the attention half).
+"""
+import paddle
+
+from fastdeploy.config import ModelConfig
+from fastdeploy.model_executor.layers.activation import silu_and_mul
+from fastdeploy.model_executor.layers.normalization import rms_norm
+from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+
+class DenseMLP:
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up fused."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int, prefix: str = "mlp"):
+        hidden = config.hidden_size
+        self.prefix = prefix
+        self.inter = intermediate_size
+        self.weights = {"gate_up": paddle.zeros([hidden, 2 * intermediate_size]),
+                        "down_proj": paddle.zeros([intermediate_size, hidden])}
+        if config.mlp_bias:
+            self.weights["gate_up_bias"] = paddle.zeros([2 * intermediate_size])
+            self.weights["down_proj_bias"] = paddle.zeros([hidden])
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        # x: [n, hidden] -> [n, hidden]
+        w = self.weights
+        gate_up = paddle.matmul(x, w["gate_up"])
+        if "gate_up_bias" in w:
+            gate_up = gate_up + w["gate_up_bias"]
+        out = paddle.matmul(silu_and_mul(gate_up), w["down_proj"])
+        return out + w["down_proj_bias"] if "down_proj_bias" in w else out
+
+    def hf_weight_table(self) -> dict:
+        """HF name (inside the layer) -> (weight key, column range or None, transpose?)."""
+        p, i = self.prefix, self.inter
+        table = {
+            f"{p}.gate_proj.weight": ("gate_up", (0, i), True),
+            f"{p}.up_proj.weight": ("gate_up", (i, 2 * i), True),
+            f"{p}.down_proj.weight": ("down_proj", None, True),
+        }
+        if "gate_up_bias" in self.weights:
+            table.update({f"{p}.gate_proj.bias": ("gate_up_bias", (0, i), False),
+                          f"{p}.up_proj.bias": ("gate_up_bias", (i, 2 * i), False),
+                          f"{p}.down_proj.bias": ("down_proj_bias", None, False)})
+        return table
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, mlp):
+        hidden, dim = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, dim
+        self.q_size, self.kv_size = self.num_heads * dim, self.num_kv_heads * dim
+        self.eps = config.rms_norm_eps
+        self.mlp = mlp
+        qkv = self.q_size + 2 * self.kv_size
+        self.weights = {
+            "input_layernorm": paddle.zeros([hidden]),
+            "qkv": paddle.zeros([hidden, qkv]),
+            "o_proj": paddle.zeros([self.q_size, hidden]),
+            "post_attention_layernorm": paddle.zeros([hidden]),
+        }
+        if config.qkv_bias:
+            self.weights["qkv_bias"] = paddle.zeros([qkv])
+        if config.o_bias:
+            self.weights["o_proj_bias"] = paddle.zeros([hidden])
+        if config.qk_norm:
+            self.weights["q_norm"] = paddle.zeros([dim])
+            self.weights["k_norm"] = paddle.zeros([dim])
+
+    def forward(self, hidden, rope: RotaryEmbedding, cos, sin, attention, kv_cache, attn_meta):
+        # hidden: [num_tokens, hidden]
+        w = self.weights
+        n = hidden.shape[0]
+        x = rms_norm(hidden, w["input_layernorm"], self.eps)
+        qkv = paddle.matmul(x, w["qkv"])  # [n, q_size + 2 kv_size]
+        if "qkv_bias" in w:
+            qkv = qkv + w["qkv_bias"]
+        qk = qkv[:, : self.q_size + self.kv_size].reshape([n, self.num_heads + self.num_kv_heads, self.head_dim])
+        if "q_norm" in w:  # per-head RMSNorm over head_dim (Qwen3)
+            qk = paddle.concat([rms_norm(qk[:, : self.num_heads], w["q_norm"], self.eps),
+                                rms_norm(qk[:, self.num_heads :], w["k_norm"], self.eps)], axis=1)
+        qk = rope.apply(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # views, no copies
+        v = qkv[:, self.q_size + self.kv_size :]  # [n, kv_size] view
+        attn = paddle.matmul(attention.forward(q, k, v, kv_cache, attn_meta), w["o_proj"])
+        if "o_proj_bias" in w:
+            attn = attn + w["o_proj_bias"]
+        hidden = hidden + attn
+        return hidden + self.mlp.forward(rms_norm(hidden, w["post_attention_layernorm"], self.eps))
+
+    def hf_weight_table(self) -> dict:
+        """HF name (inside the layer) -> (weights dict, key, column range or None, transpose?)."""
+        q, kv = self.q_size, self.kv_size
+        table = {
+            "input_layernorm.weight": ("input_layernorm", None, False),
+            "post_attention_layernorm.weight": ("post_attention_layernorm", None, False),
+            "self_attn.q_proj.weight": ("qkv", (0, q), True),
+            "self_attn.k_proj.weight": ("qkv", (q, q + kv), True),
+            "self_attn.v_proj.weight": ("qkv", (q + kv, q + 2 * kv), True),
+            "self_attn.o_proj.weight": ("o_proj", None, True),
+        }
+        if "qkv_bias" in self.weights:
+            table.update({"self_attn.q_proj.bias": ("qkv_bias", (0, q), False),
+                          "self_attn.k_proj.bias": ("qkv_bias", (q, q + kv), False),
+                          "self_attn.v_proj.bias": ("qkv_bias", (q + kv, q + 2 * kv), False)})
+        if "o_proj_bias" in self.weights:
+            table["self_attn.o_proj.bias"] = ("o_proj_bias", None, False)
+        if "q_norm" in self.weights:
+            table.update({"self_attn.q_norm.weight": ("q_norm", None, False),
+                          "self_attn.k_norm.weight": ("k_norm", None, False)})
+        full = {name: (self.weights, *spec) for name, spec in table.items()}
+        full.update({name: (self.mlp.weights, *spec) for name, spec in self.mlp.hf_weight_table().items()})
+        return full

@@ -1,0 +1,117 @@
+"""A decoder-only causal LM over the paged KV cache: embedding -> decoder layers -> RMSNorm -> lm_head.
+
+Model files subclass it with what is particular to them: the layers they build (`make_mlp`), the
+config flags they imply (`adapt_config`), and any reordering of checkpoint tensors
+(`transform_weight`). Loading takes Hugging Face names and [out, in] arrays, one tensor at a time.
+Logits are computed only at `ForwardMeta.logits_indices`.
+"""
+import dataclasses
+
+import numpy as np
+import paddle
+
+from fastdeploy.config import ModelConfig
+from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.layers.attention import PaddleAttentionBackend
+from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP
+from fastdeploy.model_executor.layers.normalization import rms_norm
+from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+
+class CausalLM:
+    # checkpoint tensors every model ignores on purpose
+    IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)
+
+    @classmethod
+    def adapt_config(cls, config: ModelConfig) -> ModelConfig:
+        """The config with the flags this architecture implies (none by default)."""
+        return config
+
+    def __init__(self, config: ModelConfig, block_size: int, max_model_len: int):
+        self.config = config = self.adapt_config(config)
+        self.layers = [DecoderLayer(config, self.make_mlp(config, i)) for i in range(config.num_hidden_layers)]
+        self.embed_tokens = paddle.zeros([config.vocab_size, config.hidden_size])
+        self.norm = paddle.zeros([config.hidden_size])
+        # lm_head kept [hidden, vocab] (a transposed copy even when tied): 25% faster GEMM on CPU
+        self.lm_head = paddle.zeros([config.hidden_size, config.vocab_size])
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
+        self.attention = PaddleAttentionBackend(
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim, block_size
+        )
+
+    def make_mlp(self, config: ModelConfig, layer_index: int):
+        return DenseMLP(config, config.intermediate_size)
+
+    def forward(self, meta: ForwardMeta, kv_caches: list) -> paddle.Tensor:
+        """Logits [num_sampled, vocab] at meta.logits_indices; writes this step's K/V into kv_caches."""
+        attn_meta = self.attention.init_attention_metadata(meta)
+        cos, sin = self.rope.tables(meta.positions, self.config.num_attention_heads + self.config.num_key_value_heads)
+        hidden = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens)  # [n, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer.forward(hidden, self.rope, cos, sin, self.attention, kv_cache, attn_meta)
+        hidden = paddle.gather(hidden, meta.logits_indices)  # [num_sampled, hidden]
+        hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        return paddle.matmul(hidden, self.lm_head)
+
+    # ---- weight loading -------------------------------------------------------------------
+    def transform_weight(self, name: str, array: np.ndarray) -> np.ndarray:
+        """A checkpoint tensor as this model stores it (identity by default)."""
+        return array
+
+    def _targets(self, name: str):
+        """(tensor, column range or None, transpose?) for a Hugging Face parameter name, or None."""
+        top = {"model.embed_tokens.weight": (self.embed_tokens, None, False),
+               "model.norm.weight": (self.norm, None, False),
+               "lm_head.weight": (self.lm_head, None, True)}
+        if name in top:
+            return top[name]
+        parts = name.split(".")
+        if parts[:2] != ["model", "layers"] or len(parts) < 5 or not parts[2].isdigit():
+            return None
+        index = int(parts[2])
+        if index >= len(self.layers):
+            return None
+        spec = self.layers[index].hf_weight_table().get(".".join(parts[3:]))
+        if spec is None:
+            return None
+        weights, key, cols, transpose = spec
+        return weights[key], cols, transpose
+
+    def load_weights(self, weights) -> None:
+        """Copy (HF name, float32 array [out, in]) pairs into the model, one tensor at a time.
+
+        Raises ValueError naming the tensor for an unknown name, a wrong shape, or a missing tensor.
+        """
+        loaded = set()
+        for name, array in weights:
+            if name.endswith(self.IGNORED_WEIGHTS):
+                continue
+            target = self._targets(name)
+            if target is None:
+                raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
+            tensor, cols, transpose = target
+            view = np.from_dlpack(tensor)  # shares memory with the Paddle tensor
+            if cols is not None:
+                view = view[..., cols[0] : cols[1]]
+            expected = view.T.shape if transpose else view.shape
+            if tuple(array.shape) != tuple(expected):
+                raise ValueError(f"checkpoint tensor {name!r} has shape {list(array.shape)}, expected {list(expected)}")
+            source = self.transform_weight(name, array)
+            view[...] = source.T if transpose else source
+            loaded.add(name)
+            if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
+                np.from_dlpack(self.lm_head)[...] = array.T
+                loaded.add("lm_head.weight")
+        missing = sorted(set(self.expected_weight_names()) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensor(s) of the model, e.g. {missing[:5]}")
+
+    def expected_weight_names(self) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+        for i, layer in enumerate(self.layers):
+            names += [f"model.layers.{i}.{key}" for key in layer.hf_weight_table()]
+        return names
+
+
+def with_flags(config: ModelConfig, **flags) -> ModelConfig:
+    return dataclasses.replace(config, **flags)
