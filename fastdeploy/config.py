@@ -118,3 +118,4 @@ class FDConfig:
     generation_config: dict = field(default_factory=dict)
     max_logprobs: Optional[int] = 20  # most logprobs a request may ask for; -1 = vocabulary; None = off
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs", see EngineArgs
+    reasoning_parser: Optional[str] = None  # a name of fastdeploy.reasoning, or None

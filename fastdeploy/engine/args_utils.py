@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
+from fastdeploy.reasoning import get_reasoning_parser
 
 logger = logging.getLogger("fastdeploy")
 
@@ -55,6 +56,9 @@ class EngineArgs:
             False makes a request with `logprobs`/`prompt_logprobs` raise ValueError.
         max_logprobs: the most `logprobs`/`prompt_logprobs` a request may ask for (FastDeploy's
             and vLLM's default 20); -1 = the whole vocabulary.
+        reasoning_parser: split each completion into `reasoning_content` and `text` by a model
+            family's rules: "qwen3", "ernie-45-vl", "ernie-45-vl-thinking", "ernie-x1"
+            (underscores accepted); see fastdeploy/reasoning/. None: `text` is the whole output.
         logprobs_mode: which logits logprobs are taken from: "raw_logprobs" (default, FastDeploy's
             and vLLM's: the model's logits, before penalties, masks and temperature) or
             "processed_logprobs" (after penalties, masks and temperature; before top-k/top-p/min-p).
@@ -79,6 +83,7 @@ class EngineArgs:
     enable_logprob: bool = True
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
+    reasoning_parser: Optional[str] = None
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -114,6 +119,8 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be an int >= 0, or -1 for the vocabulary, got {self.max_logprobs!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
+        if self.reasoning_parser is not None:
+            get_reasoning_parser(self.reasoning_parser)  # ValueError listing the valid names
         if not isinstance(self.enable_logprob, bool):
             raise TypeError(f"enable_logprob must be True or False, got {self.enable_logprob!r}")
         positive_int("long_prefill_token_threshold", 0)
@@ -181,6 +188,7 @@ class EngineArgs:
             generation_config=generation_config,
             max_logprobs=self.max_logprobs if self.enable_logprob else None,
             logprobs_mode=self.logprobs_mode,
+            reasoning_parser=self.reasoning_parser,
         )
 
 

@@ -29,6 +29,7 @@ from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.output_processor import append_token
 from fastdeploy.platforms.cpu import set_paddle_threads
+from fastdeploy.reasoning import get_reasoning_parser
 from fastdeploy.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("fastdeploy")
@@ -58,6 +59,7 @@ class LLMEngine:
         self.runner = ModelRunner(fd_config, model, np.random.default_rng(fd_config.seed))
         self.groups: dict[str, RequestGroup] = {}
         self.token_texts = TokenTexts(tokenizer)
+        self.reasoning_parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         self._next_id = 0
 
     @classmethod
@@ -284,14 +286,17 @@ class LLMEngine:
             error_msg=errors[0] if errors else None,
         )
 
-    @staticmethod
-    def _completion(request: Request) -> CompletionOutput:
+    def _completion(self, request: Request) -> CompletionOutput:
         wants_logprobs = request.logprobs is not None
+        reasoning, text = None, request.detokenizer.text
+        if self.reasoning_parser is not None:
+            reasoning, text = self.reasoning_parser.extract(text)
         return CompletionOutput(
             index=request.index,
             send_idx=len(request.output_token_ids),
             token_ids=list(request.output_token_ids),
-            text=request.detokenizer.text,
+            text=text,
+            reasoning_content=reasoning,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             cumulative_logprob=request.cumulative_logprob if wants_logprobs else None,
