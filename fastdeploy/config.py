@@ -48,6 +48,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    hf_config: dict = field(default_factory=dict, repr=False)  # config.json, for model-specific keys
 
     @classmethod
     def from_hf_config(cls, hf: dict) -> "ModelConfig":
@@ -74,6 +75,7 @@ class ModelConfig:
                 attention_bias=bool(hf.get("attention_bias", False)),
                 mlp_bias=bool(hf.get("mlp_bias", False)),
                 use_bias=bool(hf.get("use_bias", False)),
+                hf_config=dict(hf),
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
@@ -82,7 +84,11 @@ class ModelConfig:
         """Bytes of the weights as loaded (fp32; lm_head counted even when tied: we keep a transposed copy)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        per_layer = attention + 3 * h * self.intermediate_size + 2 * h
+        hf = self.hf_config
+        experts = hf.get("num_experts") or hf.get("num_local_experts") or hf.get("moe_num_experts") or 0
+        shared = self.hf_config.get("moe_num_shared_experts", 0)
+        mlp = 3 * h * max(self.intermediate_size, (experts + shared) * self.hf_config.get("moe_intermediate_size", 0))
+        per_layer = attention + mlp + 2 * h  # every layer counted as MoE when the model has experts
         return dtype_bytes * (self.num_hidden_layers * per_layer + 2 * self.vocab_size * h + h)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:

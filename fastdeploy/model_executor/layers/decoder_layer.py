@@ -7,7 +7,7 @@ Weights are stored [in, out] (Paddle's layout) and fused: qkv [hidden, (heads + 
 gate_up [hidden, 2 * intermediate]. Optional parts follow ModelConfig: biases on q/k/v (`qkv_bias`,
 Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q and k before RoPE
 (`qk_norm`, Qwen3). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
-goes (the MLP's names are given by an `mlp` object, so MoE layers reuse the attention half).
+goes (the MLP's names are given by its `mlp` object: DenseMLP here, SparseMoE in moe.py).
 """
 import paddle
 
@@ -40,7 +40,7 @@ class DenseMLP:
         return out + w["down_proj_bias"] if "down_proj_bias" in w else out
 
     def hf_weight_table(self) -> dict:
-        """HF name (inside the layer) -> (weight key, column range or None, transpose?)."""
+        """HF name (inside the layer) -> (weights dict, key, column range or None, transpose?)."""
         p, i = self.prefix, self.inter
         table = {
             f"{p}.gate_proj.weight": ("gate_up", (0, i), True),
@@ -51,7 +51,7 @@ class DenseMLP:
             table.update({f"{p}.gate_proj.bias": ("gate_up_bias", (0, i), False),
                           f"{p}.up_proj.bias": ("gate_up_bias", (i, 2 * i), False),
                           f"{p}.down_proj.bias": ("down_proj_bias", None, False)})
-        return table
+        return {name: (self.weights, *spec) for name, spec in table.items()}
 
 
 class DecoderLayer:
@@ -118,5 +118,5 @@ class DecoderLayer:
             table.update({"self_attn.q_norm.weight": ("q_norm", None, False),
                           "self_attn.k_norm.weight": ("k_norm", None, False)})
         full = {name: (self.weights, *spec) for name, spec in table.items()}
-        full.update({name: (self.mlp.weights, *spec) for name, spec in self.mlp.hf_weight_table().items()})
+        full.update(self.mlp.hf_weight_table())
         return full
