@@ -48,6 +48,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    lm_head_bias: bool = False
     hf_config: dict = field(default_factory=dict, repr=False)  # config.json, for model-specific keys
 
     @classmethod

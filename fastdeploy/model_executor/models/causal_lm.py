@@ -34,6 +34,7 @@ class CausalLM:
         self.norm = paddle.zeros([config.hidden_size])
         # lm_head kept [hidden, vocab] (a transposed copy even when tied): 25% faster GEMM on CPU
         self.lm_head = paddle.zeros([config.hidden_size, config.vocab_size])
+        self.lm_head_bias = paddle.zeros([config.vocab_size]) if config.lm_head_bias else None
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
         self.attention = PaddleAttentionBackend(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, block_size
@@ -51,7 +52,8 @@ class CausalLM:
             hidden = layer.forward(hidden, self.rope, cos, sin, self.attention, kv_cache, attn_meta)
         hidden = paddle.gather(hidden, meta.logits_indices)  # [num_sampled, hidden]
         hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
-        return paddle.matmul(hidden, self.lm_head)
+        logits = paddle.matmul(hidden, self.lm_head)
+        return logits if self.lm_head_bias is None else logits + self.lm_head_bias
 
     # ---- weight loading -------------------------------------------------------------------
     def transform_weight(self, name: str, array: np.ndarray) -> np.ndarray:
@@ -63,6 +65,8 @@ class CausalLM:
         top = {"model.embed_tokens.weight": (self.embed_tokens, None, False),
                "model.norm.weight": (self.norm, None, False),
                "lm_head.weight": (self.lm_head, None, True)}
+        if self.lm_head_bias is not None:
+            top["lm_head.bias"] = (self.lm_head_bias, None, False)
         if name in top:
             return top[name]
         parts = name.split(".")
@@ -108,6 +112,8 @@ class CausalLM:
 
     def expected_weight_names(self) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+        if self.lm_head_bias is not None:
+            names.append("lm_head.bias")
         for i, layer in enumerate(self.layers):
             names += [f"model.layers.{i}.{key}" for key in layer.hf_weight_table()]
         return names

@@ -3,14 +3,20 @@ attention (interleaved RoPE, see ernie4_5.py); the MLP of layer i is a sparse Mo
 (i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= i <= moe_layer_end_index (earlier
 layers stay dense), with a float32 softmax router, experts chosen by p + e_score_correction_bias
 (`moe_statics`) but weighted by p, weights divided by max(sum, moe_norm_min), plus
-`moe_num_shared_experts` shared experts (one MLP of moe_intermediate_size x that many)."""
+`moe_num_shared_experts` shared experts (one MLP of moe_intermediate_size x that many).
+Unlike the dense model, `use_bias` also gives lm_head a bias (as transformers builds it)."""
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.layers.decoder_layer import DenseMLP
 from fastdeploy.model_executor.layers.moe import SparseMoE, shared_size
+from fastdeploy.model_executor.models.causal_lm import with_flags
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 
 
 class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
+    @classmethod
+    def adapt_config(cls, config: ModelConfig) -> ModelConfig:
+        return with_flags(super().adapt_config(config), lm_head_bias=config.use_bias)
+
     def make_mlp(self, config: ModelConfig, layer_index: int):
         hf = config.hf_config
         start = hf.get("moe_layer_start_index", 0)
