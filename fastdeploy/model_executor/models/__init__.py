@@ -13,6 +13,8 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
+    # the spelling of Baidu's own (remote-code and Paddle-layout) ERNIE-4.5 configs
+    "Ernie4_5_ForCausalLM": Ernie4_5ForCausalLM,
 }
 
 
