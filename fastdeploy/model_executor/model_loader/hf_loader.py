@@ -7,6 +7,11 @@ from typing import Iterator
 import numpy as np
 import paddle
 
+from fastdeploy.model_executor.model_loader.paddle_layout import (
+    is_paddle_layout,
+    paddle_config_to_hf,
+    paddle_to_hf_weights,
+)
 from fastdeploy.model_executor.model_loader.source import ModelSource
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,7 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
                 tensor = f.get_tensor(name)
                 if tensor.dtype != paddle.float32:
                     tensor = tensor.astype("float32")
-                yield name, tensor.numpy()
+                yield name, np.from_dlpack(tensor)  # a view: no second copy of the tensor
 
 
 def load_hf_tokenizer(model_dir: Path):
@@ -76,9 +81,14 @@ def open_hf_dir(model_dir: Path) -> ModelSource:
     gen_path = model_dir / "generation_config.json"
     generation_config = _read_json(gen_path) if gen_path.is_file() else {}
     files = safetensors_files(model_dir)
+    weights = lambda: iter_safetensors(files)  # noqa: E731
+    if is_paddle_layout(hf_config):  # FastDeploy's -Paddle repos: ernie./qwen2. names, [in, out], fused qkv
+        logger.info("%s is a Paddle-layout checkpoint; reading it as Hugging Face names", model_dir)
+        hf_config = paddle_config_to_hf(hf_config)
+        weights = lambda: paddle_to_hf_weights(iter_safetensors(files), hf_config)  # noqa: E731
     return ModelSource(
         hf_config=hf_config,
         generation_config=generation_config,
         tokenizer=load_hf_tokenizer(model_dir),
-        weights=lambda: iter_safetensors(files),
+        weights=weights,
     )

@@ -26,5 +26,6 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
             return DenseMLP(config, config.intermediate_size)
         inter = hf["moe_intermediate_size"]
         return SparseMoE(config, hf["moe_num_experts"], hf["moe_k"], inter, normalize=True,
-                         norm_min=hf.get("moe_norm_min", 1e-12), correction_bias=True,
+                         norm_min=hf.get("moe_norm_min", 1e-12),
+                         correction_bias=hf.get("moe_use_aux_free", True),  # False: no moe_statics
                          shared_intermediate_size=shared_size(config, inter))
