@@ -59,15 +59,11 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
 def load_hf_tokenizer(model_dir: Path):
     """The directory's tokenizer via transformers (tokenizer layer only), chat template included.
 
-    The template comes from tokenizer_config.json or chat_template.jinja (transformers reads both).
+    See tokenizer_loader for how sentencepiece-only and remote-code tokenizers (ERNIE) are read.
     """
-    from transformers import AutoTokenizer
+    from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    jinja = model_dir / "chat_template.jinja"
-    if getattr(tokenizer, "chat_template", None) is None and jinja.is_file():
-        tokenizer.chat_template = jinja.read_text(encoding="utf-8")
-    return tokenizer
+    return load_model_tokenizer(model_dir)
 
 
 def open_hf_dir(model_dir: Path) -> ModelSource:

@@ -47,8 +47,11 @@ Decisions:
    transformers cannot provide (an `auto_map`, or a `tokenizer_class` transformers does not know,
    e.g. `Ernie4_5Tokenizer` / `Ernie4_5_Tokenizer`) is built by `load_sentencepiece_tokenizer`.
 2. Everything else goes to `AutoTokenizer.from_pretrained(dir, trust_remote_code=False,
-   local_files_only=True)`. If that fails and the directory has a sentencepiece model, it is built by
-   `load_sentencepiece_tokenizer` instead (the first error is logged); otherwise the error propagates.
+   local_files_only=True)`. If that fails (e.g. an `auto_map` with a model type transformers does not
+   override, or no config.json), the error is logged and the directory is read by transformers'
+   `TokenizersBackend.from_pretrained` when it has a `tokenizer.json` (what AutoTokenizer itself does
+   for ERNIE), else built by `load_sentencepiece_tokenizer` when it has a sentencepiece model;
+   otherwise the error propagates.
    If AutoTokenizer succeeded on a sentencepiece-only directory with its generic conversion (the
    result is a plain `TokenizersBackend`, as for an ERNIE config.json), that result is replaced by
    `load_sentencepiece_tokenizer`'s, which follows the proto. Model-specific classes that transformers
@@ -57,7 +60,8 @@ Decisions:
    tokenizer_config.json, special_tokens_map.json, added_tokens.json and chat_template.jinja are read
    by transformers, ERNIE's extra named tokens included), with one step replaced: the backend
    `tokenizers.Tokenizer` is built from the sentencepiece proto (read with transformers'
-   `SentencePieceExtractor`) so that it encodes like `SentencePieceProcessor.encode`: the proto's
+   `import_protobuf` schema, so only protobuf is needed at run time, not the sentencepiece
+   package) so that it encodes like `SentencePieceProcessor.encode`: the proto's
    model (BPE with merges ranked by piece score over normal pieces, or Unigram), byte fallback,
    precompiled normalization, `remove_extra_whitespaces`, space escaping, `add_dummy_prefix`; control
    pieces become special tokens and user-defined pieces added tokens (transformers' `SpmConverter`
@@ -68,10 +72,11 @@ Decisions:
    the tokenizer config sets `add_bos_token` / `add_eos_token`; `clean_up_tokenization_spaces`
    defaults to False. The `auto_map` is dropped from the result, so saving it never points at
    remote code.
-   Known difference from ERNIE's reference tokenizer, only for sentencepiece models with
-   `add_dummy_prefix` (ERNIE's conversion says its model has none): each text run after an added
-   token gets its own dummy prefix on encode (as in the reference), but on decode only the first
-   leading space is stripped.
+   As in transformers and in ERNIE's reference tokenizer, text is split at added/special tokens
+   first and each run is encoded on its own. This only matters for models with `add_dummy_prefix`
+   (ERNIE's has none, per transformers' conversion): each run gets its own dummy prefix, as the
+   slow remote tokenizers give it for the tokens they register (sentencepiece alone would not
+   prefix the run after a user-defined piece), while decoding strips only the first leading space.
 4. The chat template is transformers' (tokenizer_config.json's `chat_template`, overridden by a
    `chat_template.jinja`); if the tokenizer still has none and `chat_template.jinja` exists, it is
    read from there.
@@ -136,7 +141,14 @@ def _auto_tokenizer(model_dir: Path, spm_file: Optional[Path]):
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False, local_files_only=True)
-    except Exception as error:  # noqa: BLE001 - any failure: fall back only where we can build it ourselves
+    except Exception as error:  # noqa: BLE001 - any failure: fall back only where transformers' classes can
+        if (model_dir / TOKENIZER_JSON).is_file():
+            logger.info("AutoTokenizer could not load %s (%s: %s); reading its %s with TokenizersBackend",
+                        model_dir, type(error).__name__, error, TOKENIZER_JSON)
+            tokenizer = TokenizersBackend.from_pretrained(str(model_dir), local_files_only=True,
+                                                          trust_remote_code=False)
+            tokenizer.init_kwargs.pop("auto_map", None)
+            return tokenizer
         if spm_file is None:
             raise
         logger.info("AutoTokenizer could not load %s (%s: %s); building it from %s",
@@ -209,6 +221,7 @@ def _sentencepiece_backend_class():
                 kwargs.setdefault("clean_up_tokenization_spaces", False)
                 return kwargs
 
+        SentencePieceModelTokenizer.__qualname__ = SentencePieceModelTokenizer.__name__
         _BACKEND_CLASS = SentencePieceModelTokenizer
     return _BACKEND_CLASS
 
@@ -250,10 +263,12 @@ def sentencepiece_to_tokenizers(spm_path, special_tokens: set[str] = frozenset()
     from tokenizers import AddedToken as BackendAddedToken
     from tokenizers import Regex, Tokenizer, decoders, normalizers
     from tokenizers.models import BPE, Unigram
-    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+    from transformers.convert_slow_tokenizer import import_protobuf
     from transformers.tokenization_utils_base import generate_merges
 
-    proto = SentencePieceExtractor(str(spm_path)).proto
+    proto = import_protobuf().ModelProto()  # sentencepiece's schema (from sentencepiece, else transformers')
+    with open(spm_path, "rb") as f:
+        proto.ParseFromString(f.read())
     trainer, norm = proto.trainer_spec, proto.normalizer_spec
     if trainer.treat_whitespace_as_suffix:
         raise ValueError(f"{spm_path}: sentencepiece models with treat_whitespace_as_suffix are not supported")
@@ -327,8 +342,7 @@ def sentencepiece_to_tokenizers(spm_path, special_tokens: set[str] = frozenset()
                 normalized=getattr(token, "normalized", False),
                 special=bool(getattr(token, "special", False)) or str(token) in special_tokens,
             ))
-    for token in added:  # one at a time: each new one takes the next id
-        tokenizer.add_tokens([token])
+    tokenizer.add_tokens(added)  # in order: tokens new to the vocabulary take the next ids
     for index, token in added_tokens_decoder.items():
         got = tokenizer.token_to_id(str(token))
         if got != index:
