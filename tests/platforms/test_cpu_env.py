@@ -1,4 +1,4 @@
-"""CPU runtime settings: the AMD MKL fix and the thread count, checked in fresh interpreters."""
+"""CPU runtime settings: the AMD MKL fix, GNU OpenMP spinning and the thread count, in fresh interpreters."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from fastdeploy.platforms.cpu import _cpu_vendor, usable_cores
 
 
 def _run(code: str, env_changes: dict) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_DEBUG_CPU_TYPE", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
     env.update(env_changes)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip().splitlines()[-1]
@@ -25,3 +25,9 @@ def test_engine_threads_follow_usable_cores_or_the_users_setting():
             "print(set_paddle_threads())")
     assert _run(code, {}) == str(usable_cores())
     assert _run(code, {"OMP_NUM_THREADS": "1"}) == "1"
+
+
+def test_gnu_openmp_threads_do_not_spin_unless_the_user_says_so():
+    code = "import os, fastdeploy; print(os.environ.get('GOMP_SPINCOUNT'))"
+    assert _run(code, {}) == "0"
+    assert _run(code, {"GOMP_SPINCOUNT": "10000"}) == "10000"
