@@ -24,11 +24,11 @@ class DenseMLP:
         hidden = config.hidden_size
         self.prefix = prefix
         self.inter = intermediate_size
-        self.weights = {"gate_up": paddle.zeros([hidden, 2 * intermediate_size]),
-                        "down_proj": paddle.zeros([intermediate_size, hidden])}
+        self.weights = {"gate_up": paddle.empty([hidden, 2 * intermediate_size]),
+                        "down_proj": paddle.empty([intermediate_size, hidden])}
         if config.mlp_bias:
-            self.weights["gate_up_bias"] = paddle.zeros([2 * intermediate_size])
-            self.weights["down_proj_bias"] = paddle.zeros([hidden])
+            self.weights["gate_up_bias"] = paddle.empty([2 * intermediate_size])
+            self.weights["down_proj_bias"] = paddle.empty([hidden])
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, hidden] -> [n, hidden]
@@ -63,18 +63,18 @@ class DecoderLayer:
         self.mlp = mlp
         qkv = self.q_size + 2 * self.kv_size
         self.weights = {
-            "input_layernorm": paddle.zeros([hidden]),
-            "qkv": paddle.zeros([hidden, qkv]),
-            "o_proj": paddle.zeros([self.q_size, hidden]),
-            "post_attention_layernorm": paddle.zeros([hidden]),
+            "input_layernorm": paddle.empty([hidden]),
+            "qkv": paddle.empty([hidden, qkv]),
+            "o_proj": paddle.empty([self.q_size, hidden]),
+            "post_attention_layernorm": paddle.empty([hidden]),
         }
         if config.qkv_bias:
-            self.weights["qkv_bias"] = paddle.zeros([qkv])
+            self.weights["qkv_bias"] = paddle.empty([qkv])
         if config.o_bias:
-            self.weights["o_proj_bias"] = paddle.zeros([hidden])
+            self.weights["o_proj_bias"] = paddle.empty([hidden])
         if config.qk_norm:
-            self.weights["q_norm"] = paddle.zeros([dim])
-            self.weights["k_norm"] = paddle.zeros([dim])
+            self.weights["q_norm"] = paddle.empty([dim])
+            self.weights["k_norm"] = paddle.empty([dim])
 
     def forward(self, hidden, rope: RotaryEmbedding, cos, sin, attention, kv_cache, attn_meta):
         # hidden: [num_tokens, hidden]

@@ -33,12 +33,12 @@ class SparseMoE:
         hidden = config.hidden_size
         self.num_experts, self.top_k, self.inter = num_experts, top_k, intermediate_size
         self.normalize, self.norm_min = normalize, norm_min
-        self.weights = {"gate": paddle.zeros([hidden, num_experts])}
+        self.weights = {"gate": paddle.empty([hidden, num_experts])}
         if correction_bias:
-            self.weights["e_score_correction_bias"] = paddle.zeros([1, num_experts])
+            self.weights["e_score_correction_bias"] = paddle.empty([1, num_experts])
         for e in range(num_experts):
-            self.weights[f"gate_up.{e}"] = paddle.zeros([hidden, 2 * intermediate_size])
-            self.weights[f"down.{e}"] = paddle.zeros([intermediate_size, hidden])
+            self.weights[f"gate_up.{e}"] = paddle.empty([hidden, 2 * intermediate_size])
+            self.weights[f"down.{e}"] = paddle.empty([intermediate_size, hidden])
         self.shared = DenseMLP(config, shared_intermediate_size, "mlp.shared_experts") if shared_intermediate_size else None
 
     def route(self, x: paddle.Tensor) -> Routing:
