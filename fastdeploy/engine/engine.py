@@ -151,10 +151,7 @@ class LLMEngine:
         yet queued. Raises ValueError/TypeError (naming prompt `index` when given) before anything
         is queued."""
         self.validate_prompt(prompt_token_ids, index)
-        resolved = self.resolve_sampling_params(params, len(prompt_token_ids))
-        if resolved.n > 1 and resolved.temperature == 0:
-            raise ValueError(f"n must be 1 with greedy decoding, got n={resolved.n} and temperature 0 "
-                             "(from the model's generation_config): set temperature > 0")
+        resolved = self.resolve_sampling_params(params, len(prompt_token_ids))  # rejects greedy n > 1 too
         group_id = str(self._next_id)
         self._next_id += 1
         banned = bad_words_token_ids(self.tokenizer, resolved.bad_words or [], resolved.bad_words_token_ids or [],

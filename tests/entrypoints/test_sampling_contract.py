@@ -523,3 +523,10 @@ def test_bad_words_token_ids(smollm_llm, story):
     out = run(smollm_llm, STORY, greedy(bad_words_token_ids=[banned]))[0].outputs
     assert banned not in out.token_ids
     assert out.token_ids[:2] == story.token_ids[:2]
+
+
+def test_n_above_1_is_rejected_when_the_models_default_temperature_is_greedy(smollm_llm, monkeypatch):
+    monkeypatch.setitem(smollm_llm.llm_engine.config.generation_config, "temperature", 0.0)
+    with pytest.raises(ValueError, match=r"^n must be 1 with greedy decoding"):
+        smollm_llm.generate("Once upon a time", SamplingParams(n=2, max_tokens=2), use_tqdm=False)
+    assert not smollm_llm.llm_engine.has_unfinished_requests()
