@@ -154,7 +154,7 @@ class Scheduler:
             step.add(request, extra)
 
     # ---- prefix cache -----------------------------------------------------------------------------
-    def _cached_prefix(self, request: Request) -> tuple[list[int], list[int]]:
+    def _cached_prefix(self, request: Request) -> tuple[list[int], list[bytes]]:
         """(block ids, their hashes) of the longest cached prefix of a request about to be admitted:
         at most (num_tokens - 1) // block_size blocks, so at least one token is computed. Requests
         wanting prompt logprobs read no cache (their prompt logits must be computed)."""
