@@ -296,7 +296,7 @@ def test_preempted_request_finds_its_own_blocks_again():
     bs = 4
     # 6 usable blocks: two requests of 4 + 12 tokens cannot both hold 4 blocks
     loop = PrefixLoop(num_blocks=7, block_size=bs, max_num_seqs=4, budget=100, chunked=False)
-    a = loop.add(make_request("a", list(range(10, 18)), 12))
+    loop.add(make_request("a", list(range(10, 18)), 12))
     b = loop.add(make_request("b", list(range(30, 38)), 12))
     while b.num_preemptions == 0:
         loop.step()

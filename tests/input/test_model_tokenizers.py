@@ -14,7 +14,6 @@ The directories are built here and mimic the real ones:
 """
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest

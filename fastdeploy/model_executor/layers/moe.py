@@ -10,7 +10,6 @@ Experts are stored per expert, [in, out]: gate_up [hidden, 2 * moe_intermediate]
 [moe_intermediate, hidden]. Each expert runs once per step on the tokens routed to it.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import paddle
@@ -80,8 +79,3 @@ class SparseMoE:
         if self.shared is not None:
             table.update(self.shared.hf_weight_table())
         return table
-
-
-def shared_size(config: ModelConfig, per_expert: int) -> int:
-    """Intermediate size of the shared experts (0: none)."""
-    return per_expert * config.hf_config.get("moe_num_shared_experts", 0)

@@ -7,7 +7,7 @@ layers stay dense), with a float32 softmax router, experts chosen by p + e_score
 Unlike the dense model, `use_bias` also gives lm_head a bias (as transformers builds it)."""
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.layers.decoder_layer import DenseMLP
-from fastdeploy.model_executor.layers.moe import SparseMoE, shared_size
+from fastdeploy.model_executor.layers.moe import SparseMoE
 from fastdeploy.model_executor.models.causal_lm import with_flags
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 
@@ -28,4 +28,4 @@ class Ernie4_5_MoeForCausalLM(Ernie4_5ForCausalLM):
         return SparseMoE(config, hf["moe_num_experts"], hf["moe_k"], inter, normalize=True,
                          norm_min=hf.get("moe_norm_min", 1e-12),
                          correction_bias=hf.get("moe_use_aux_free", True),  # False: no moe_statics
-                         shared_intermediate_size=shared_size(config, inter))
+                         shared_intermediate_size=inter * hf.get("moe_num_shared_experts", 0))

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays, compute_logprobs
+from fastdeploy.model_executor.layers.sample.logprobs import compute_logprobs
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_bans, apply_penalties
 
 BLOCK = 1024  # inverse-CDF search: cumulative sums over blocks, then inside one block
 # top-k/top-p candidates: tokens with p >= CANDIDATE_CUT x p_max, lowered until they provably hold
 # the nucleus; sorting only those avoids sorting the vocabulary.
 CANDIDATE_CUT = 1e-3
-RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+RAW = "raw_logprobs"  # the other mode: "processed_logprobs"
 
 
 @dataclass
@@ -39,7 +39,7 @@ class SamplingMetadata:
     banned: list  # (row, token ids) pairs masked this step (EOS under min_tokens, bad words)
     penalties: Optional[PenaltyInputs] = None  # None: no row has a penalty
     num_logprobs: Optional[np.ndarray] = None  # [rows] int, -1 = no logprobs for that row
-    logprobs_mode: str = RAW  # RAW: before penalties/temperature; PROCESSED: after them
+    logprobs_mode: str = RAW  # RAW: before penalties/temperature; "processed_logprobs": after them
 
 
 @dataclass
