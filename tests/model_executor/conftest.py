@@ -7,13 +7,11 @@ sys.path.insert(0, os.path.dirname(__file__))  # tiny_llama helpers
 
 
 @pytest.fixture(params=["compiled_ops", "fallbacks"])
-def attention_impl(request, monkeypatch):
+def attention_impl(request):
     """Run a test with the compiled decode op and again with the pure-Paddle fallback forced."""
-    import fastdeploy.model_executor.layers.attention as attention
-    from fastdeploy.model_executor.ops.cpu import cpu_ops
+    from fastdeploy.model_executor.ops import compiled_ops, fallbacks_forced
 
-    if request.param == "fallbacks":
-        monkeypatch.setattr(attention, "cpu_ops", lambda: None)
-    else:
-        assert cpu_ops() is not None, "the compiled CPU ops failed to build on this machine"
-    return request.param
+    with fallbacks_forced(request.param == "fallbacks"):
+        if request.param == "compiled_ops":
+            assert compiled_ops() is not None, "the compiled custom ops failed to build on this machine"
+        yield request.param

@@ -10,7 +10,7 @@ import pytest
 
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import KVCache, PaddleAttentionBackend, allocate_kv_cache
-from fastdeploy.model_executor.ops.cpu import cpu_ops
+from fastdeploy.model_executor.ops import compiled_ops
 
 BLOCK_SIZE = 16
 
@@ -46,7 +46,7 @@ def reference(cache: KVCache, tables, q, context_lens, kv_heads, scale):
 @pytest.mark.parametrize("num_heads,kv_heads", [(4, 4), (9, 3), (16, 2)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_op_and_fallback_match_reference(num_heads, kv_heads, head_dim):
-    ops = cpu_ops()
+    ops = compiled_ops()
     assert ops is not None, "the compiled CPU ops failed to build on this machine (see the log)"
     rng = np.random.default_rng(num_heads * head_dim)
     context_lens = [1, 15, 16, 17, 32, 33, 100, int(rng.integers(1, 200))]

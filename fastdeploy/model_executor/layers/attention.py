@@ -29,7 +29,7 @@ import paddle.nn.functional as F
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
-from fastdeploy.model_executor.ops.cpu import cpu_ops
+from fastdeploy.model_executor.ops import compiled_op
 
 MAX_BATCHED_QUERY = 256
 
@@ -154,8 +154,7 @@ def split_into_groups(query_lens: np.ndarray) -> list[tuple[int, int]]:
 class PaddleAttentionBackend:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
         """Uses the compiled `paged_decode_attention` op for decode groups when it can be built."""
-        ops = cpu_ops()
-        self.decode_op = ops.paged_decode_attention if ops is not None else None
+        self.decode_op = compiled_op("paged_decode_attention")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

@@ -1,0 +1,71 @@
+"""The compiled custom ops (custom_ops/, built by custom_ops/setup_ops.py), or None for the fallbacks.
+
+`compiled_op(name)` is what the shims in this package call: the op from the `fastdeploy_ops`
+extension module, or None when the module is not available (no compiler, no sources in this
+install, a failed build: the reason is logged once) or fallbacks are forced. Forcing fallbacks:
+`FD_DISABLE_CUSTOM_OPS=1` in the environment (the whole process, e.g. to run the test suite on the
+pure-Paddle paths) or `with fallbacks_forced():` (tests comparing both paths in one process).
+
+A build left by an earlier process is imported directly (paddle's `load` would re-run its build
+script, ~1.3 s per process); otherwise the module is compiled first (~30 s once per machine).
+"""
+import contextlib
+import functools
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+logger = logging.getLogger("fastdeploy")
+
+SETUP_OPS = Path(__file__).resolve().parents[3] / "custom_ops" / "setup_ops.py"
+_forced = [os.environ.get("FD_DISABLE_CUSTOM_OPS", "0") not in ("", "0")]
+
+
+def _setup_ops():
+    """custom_ops/setup_ops.py as a module (it lives beside the package, in the source checkout)."""
+    if not SETUP_OPS.is_file():
+        raise FileNotFoundError(f"{SETUP_OPS} not found: this install has no op sources")
+    spec = importlib.util.spec_from_file_location("fastdeploy_setup_ops", SETUP_OPS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def _load():
+    """Import (or build, then import) the extension once per process: loading the same ops twice aborts Paddle."""
+    try:
+        setup_ops = _setup_ops()
+        built = setup_ops.build_directory() / setup_ops.NAME
+        if (built / f"{setup_ops.NAME}.so").is_file():
+            from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
+
+            return _import_module_from_library(setup_ops.NAME, str(built))
+        logger.info("building the custom ops (custom_ops/setup_ops.py), once per machine...")
+        return setup_ops.build()
+    except Exception as e:  # any failure means: run the pure-Paddle fallbacks
+        logger.warning("custom ops unavailable (%s: %s); using pure-Paddle fallbacks", type(e).__name__, e)
+        return None
+
+
+def compiled_ops():
+    """The extension module, or None (not available, or fallbacks forced)."""
+    return None if _forced[0] else _load()
+
+
+def compiled_op(name: str) -> Optional[Callable]:
+    """One compiled op by name, or None."""
+    ops = compiled_ops()
+    return getattr(ops, name, None) if ops is not None else None
+
+
+@contextlib.contextmanager
+def fallbacks_forced(forced: bool = True):
+    """Within the block, every shim runs its pure-Paddle fallback (or, with False, the compiled op)."""
+    previous, _forced[0] = _forced[0], forced
+    try:
+        yield
+    finally:
+        _forced[0] = previous
