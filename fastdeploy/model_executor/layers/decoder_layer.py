@@ -3,8 +3,8 @@
     h = h + o_proj(attention(rope(q_norm?(q)), rope(k_norm?(k)), v))   with q, k, v = qkv_proj(rms_norm(h))
     h = h + mlp(rms_norm(h))                                             mlp = down(swiglu(gate_up(x)))
 
-Weights are stored [in, out] (Paddle's layout) and fused: qkv [hidden, (heads + 2 kv_heads) * head_dim],
-gate_up [hidden, 2 * intermediate]. Optional parts follow ModelConfig: biases on q/k/v (`qkv_bias`,
+Linear weights are `LinearWeight`s (layers/linear.py: dense [in, out], Paddle's layout, or GGUF
+blocks) and fused: qkv [hidden, (heads + 2 kv_heads) * head_dim], gate_up [hidden, 2 * intermediate]. Optional parts follow ModelConfig: biases on q/k/v (`qkv_bias`,
 Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q and k before RoPE
 (`qk_norm`, Qwen3). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
 goes (the MLP's names are given by its `mlp` object: DenseMLP here, SparseMoE in moe.py).
@@ -13,6 +13,7 @@ import paddle
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.layers.activation import silu_and_mul
+from fastdeploy.model_executor.layers.linear import LinearWeight
 from fastdeploy.model_executor.layers.normalization import rms_norm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -24,8 +25,8 @@ class DenseMLP:
         hidden = config.hidden_size
         self.prefix = prefix
         self.inter = intermediate_size
-        self.weights = {"gate_up": paddle.empty([hidden, 2 * intermediate_size]),
-                        "down_proj": paddle.empty([intermediate_size, hidden])}
+        self.weights = {"gate_up": LinearWeight(hidden, 2 * intermediate_size),
+                        "down_proj": LinearWeight(intermediate_size, hidden)}
         if config.mlp_bias:
             self.weights["gate_up_bias"] = paddle.empty([2 * intermediate_size])
             self.weights["down_proj_bias"] = paddle.empty([hidden])
@@ -33,10 +34,10 @@ class DenseMLP:
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, hidden] -> [n, hidden]
         w = self.weights
-        gate_up = paddle.matmul(x, w["gate_up"])
+        gate_up = w["gate_up"](x)
         if "gate_up_bias" in w:
             gate_up = gate_up + w["gate_up_bias"]
-        out = paddle.matmul(silu_and_mul(gate_up), w["down_proj"])
+        out = w["down_proj"](silu_and_mul(gate_up))
         return out + w["down_proj_bias"] if "down_proj_bias" in w else out
 
     def hf_weight_table(self) -> dict:
@@ -64,8 +65,8 @@ class DecoderLayer:
         qkv = self.q_size + 2 * self.kv_size
         self.weights = {
             "input_layernorm": paddle.empty([hidden]),
-            "qkv": paddle.empty([hidden, qkv]),
-            "o_proj": paddle.empty([self.q_size, hidden]),
+            "qkv": LinearWeight(hidden, qkv),
+            "o_proj": LinearWeight(self.q_size, hidden),
             "post_attention_layernorm": paddle.empty([hidden]),
         }
         if config.qkv_bias:
@@ -81,7 +82,7 @@ class DecoderLayer:
         w = self.weights
         n = hidden.shape[0]
         x = rms_norm(hidden, w["input_layernorm"], self.eps)
-        qkv = paddle.matmul(x, w["qkv"])  # [n, q_size + 2 kv_size]
+        qkv = w["qkv"](x)  # [n, q_size + 2 kv_size]
         if "qkv_bias" in w:
             qkv = qkv + w["qkv_bias"]
         qk = qkv[:, : self.q_size + self.kv_size].reshape([n, self.num_heads + self.num_kv_heads, self.head_dim])
@@ -91,7 +92,7 @@ class DecoderLayer:
         qk = rope.apply(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # views, no copies
         v = qkv[:, self.q_size + self.kv_size :]  # [n, kv_size] view
-        attn = paddle.matmul(attention.forward(q, k, v, kv_cache, attn_meta), w["o_proj"])
+        attn = w["o_proj"](attention.forward(q, k, v, kv_cache, attn_meta))
         if "o_proj_bias" in w:
             attn = attn + w["o_proj_bias"]
         hidden = hidden + attn

@@ -1,6 +1,8 @@
-"""Open a llama.cpp GGUF file: config and tokenizer from its metadata, tensors dequantized.
+"""Open a llama.cpp GGUF file: config and tokenizer from its metadata, tensors by Hugging Face names.
 
-Tensors are dequantized to float32 with the `gguf` package and renamed to Hugging Face names.
+Matrices in Q4_0, Q4_1 or Q8_0 come as `QuantizedTensor` (their blocks; the model keeps them
+quantized when it can compute on them, see layers/linear.py); other tensors are dequantized to
+float32 with the `gguf` package.
 llama.cpp's converter permutes the rows of Llama's Q and K projections (to turn the rotate-half
 RoPE layout into the interleaved one it computes with); `unpermute_qk` undoes it, as
 transformers' GGUF loader does.
@@ -11,6 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
+from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, QuantizedTensor
 from fastdeploy.model_executor.model_loader.source import ModelSource
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -74,16 +77,24 @@ def gguf_hf_config(reader, arch: str) -> dict:
     }
 
 
-def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, np.ndarray]]:
+def _tensor(tensor):
+    """QuantizedTensor for a matrix in a type the engine computes on, else a float32 array."""
     import gguf
 
+    if int(tensor.tensor_type) in LINEAR_QTYPES and len(tensor.shape) == 2:
+        return QuantizedTensor(np.asarray(tensor.data), int(tensor.tensor_type), int(tensor.shape[0]))
+    return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+
+
+def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, object]]:
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        if name.endswith("q_proj.weight"):
-            array = unpermute_qk(array, hf_config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            array = unpermute_qk(array, hf_config["num_key_value_heads"])
+        name, array = hf_tensor_name(tensor.name), _tensor(tensor)
+        heads = {"q_proj.weight": hf_config["num_attention_heads"], "k_proj.weight": hf_config["num_key_value_heads"]}
+        for suffix, count in heads.items():
+            if name.endswith(suffix) and isinstance(array, QuantizedTensor):
+                array = QuantizedTensor(unpermute_qk(array.blocks, count), array.qtype, array.in_features)
+            elif name.endswith(suffix):
+                array = unpermute_qk(array, count)
         yield name, array
 
 

@@ -11,8 +11,9 @@ class ModelSource:
         hf_config: config.json as a dict (for GGUF: built from the metadata).
         generation_config: generation_config.json as a dict ({} when absent).
         tokenizer: a transformers tokenizer with its chat template (None if it has none).
-        weights: yields (Hugging Face parameter name, float32 numpy array in HF layout [out, in]) one
-            tensor at a time, so loading never holds two copies of the model.
+        weights: yields (Hugging Face parameter name, float32 numpy array in HF layout [out, in], or a
+            GGUF `QuantizedTensor` of that shape) one tensor at a time, so loading never holds two
+            copies of the model.
     """
 
     hf_config: dict

@@ -1,0 +1,271 @@
+// Linear layer on weights kept in llama.cpp's GGUF block formats, CPU, float32 activations.
+//
+//   y[M, N] = x[M, K] @ W^T,   W [N, K] stored row by row as blocks of 32 weights along K
+//
+// Block formats (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`; d and m are IEEE half):
+//   Q4_0 (18 bytes): d, 16 bytes of nibbles;         w[j] = (lo4(qs[j]) - 8) * d, w[j+16] = (hi4(qs[j]) - 8) * d
+//   Q4_1 (20 bytes): d, m, 16 bytes of nibbles;      w[j] = lo4(qs[j]) * d + m,   w[j+16] = hi4(qs[j]) * d + m
+//   Q8_0 (34 bytes): d, 32 int8;                     w[j] = qs[j] * d
+// Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
+// (product and sum rounded separately, no fused multiply-add), so the layer computes the same
+// function as a float32 matmul on the dequantized matrix; only the summation order differs.
+//
+// Two paths: M < 4 (decode of a few sequences) dequantizes each block into registers and uses it
+// for every row of x; M >= 4 dequantizes a tile of W rows into a float32 buffer once and runs a
+// 4x4 register-blocked dot-product kernel over it. Threads split N (OpenMP) when the work is large.
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "paddle/extension.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kTileRows = 16;             // W rows dequantized per tile (M >= 4 path)
+constexpr int64_t kParallelWork = 1 << 18;    // multiply-adds below which one thread is faster
+
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type ids
+
+int64_t BlockBytes(int64_t qtype) {
+  switch (qtype) {
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
+    case kQ8_0: return 34;
+    default: return 0;
+  }
+}
+
+// IEEE half at p -> float
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
+  if (exponent == 0) {  // zero or subnormal
+    const float v = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
+                                       : sign | ((exponent + 112) << 23) | (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+#ifdef __AVX512F__
+constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+// One block -> (w[0:16], w[16:32]). The *_round_ps forms keep product and sum separately rounded.
+inline void DequantBlock(const uint8_t* b, int64_t qtype, __m512& w0, __m512& w1) {
+  const __m512 d = _mm512_set1_ps(Half(b));
+  if (qtype == kQ8_0) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    w0 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d, kRound);
+    w1 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d, kRound);
+    return;
+  }
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (qtype == kQ4_1 ? 4 : 2)));
+  const __m128i mask = _mm_set1_epi8(15);
+  __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, mask));
+  __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
+  if (qtype == kQ4_1) {
+    const __m512 m = _mm512_set1_ps(Half(b + 2));
+    w0 = _mm512_add_round_ps(_mm512_mul_round_ps(_mm512_cvtepi32_ps(lo), d, kRound), m, kRound);
+    w1 = _mm512_add_round_ps(_mm512_mul_round_ps(_mm512_cvtepi32_ps(hi), d, kRound), m, kRound);
+    return;
+  }
+  const __m512i eight = _mm512_set1_epi32(8);
+  w0 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)), d, kRound);
+  w1 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)), d, kRound);
+}
+
+inline void DequantRow(const uint8_t* row, int64_t qtype, int64_t bytes, int64_t blocks, float* w) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 w0, w1;
+    DequantBlock(row + b * bytes, qtype, w0, w1);
+    _mm512_storeu_ps(w + b * kBlock, w0);
+    _mm512_storeu_ps(w + b * kBlock + 16, w1);
+  }
+}
+
+// M < 4: rows n0..n1 of y for all MR rows of x, blocks dequantized in registers.
+template <int MR>
+void SmallM(const float* x, const uint8_t* w, int64_t qtype, int64_t K, int64_t N, int64_t n0, int64_t n1,
+            float* y) {
+  const int64_t bytes = BlockBytes(qtype), blocks = K / kBlock, row_bytes = blocks * bytes;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    __m512 acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512 w0, w1;
+      DequantBlock(row + b * bytes, qtype, w0, w1);
+      for (int r = 0; r < MR; ++r) {
+        const float* xr = x + r * K + b * kBlock;
+        acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
+        acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) y[r * N + n] = _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
+// y[MR, NR] (row stride N) = x[MR, K] . wt[NR, K]^T, both float32 rows.
+template <int MR, int NR>
+void Micro(const float* x, const float* wt, int64_t K, float* y, int64_t N) {
+  __m512 acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 xv[MR], wv[NR];
+    for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * K + k);
+    for (int c = 0; c < NR; ++c) wv[c] = _mm512_loadu_ps(wt + c * K + k);
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_fmadd_ps(xv[r], wv[c], acc[r][c]);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) y[r * N + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int MR>
+void MicroRows(const float* x, const float* wt, int64_t K, float* y, int64_t N, int64_t nr) {
+  int64_t c = 0;
+  for (; c + 4 <= nr; c += 4) Micro<MR, 4>(x, wt + c * K, K, y + c, N);
+  for (; c < nr; ++c) Micro<MR, 1>(x, wt + c * K, K, y + c, N);
+}
+
+// M >= 4: tiles of kTileRows W rows dequantized once, reused by every row of x.
+void LargeM(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N, int64_t n0,
+            int64_t n1, float* y, std::vector<float>& tile) {
+  const int64_t bytes = BlockBytes(qtype), blocks = K / kBlock, row_bytes = blocks * bytes;
+  tile.resize(kTileRows * K);
+  for (int64_t t = n0; t < n1; t += kTileRows) {
+    const int64_t nr = std::min(kTileRows, n1 - t);
+    for (int64_t j = 0; j < nr; ++j) DequantRow(w + (t + j) * row_bytes, qtype, bytes, blocks, tile.data() + j * K);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) MicroRows<4>(x + m * K, tile.data(), K, y + m * N + t, N, nr);
+    switch (M - m) {
+      case 3: MicroRows<3>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
+      case 2: MicroRows<2>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
+      case 1: MicroRows<1>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
+      default: break;
+    }
+  }
+}
+
+void Rows(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N, int64_t n0,
+          int64_t n1, float* y, std::vector<float>& tile) {
+  switch (M) {
+    case 1: SmallM<1>(x, w, qtype, K, N, n0, n1, y); return;
+    case 2: SmallM<2>(x, w, qtype, K, N, n0, n1, y); return;
+    case 3: SmallM<3>(x, w, qtype, K, N, n0, n1, y); return;
+    default: LargeM(x, w, qtype, M, K, N, n0, n1, y, tile);
+  }
+}
+#else
+// ---- portable dequantization of one block into 32 floats ----------------------------------------
+inline void DequantBlockScalar(const uint8_t* b, int64_t qtype, float* w) {
+  const float d = Half(b);
+  if (qtype == kQ8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]) * d;
+    return;
+  }
+  const uint8_t* q = b + (qtype == kQ4_1 ? 4 : 2);
+  if (qtype == kQ4_1) {
+    const float m = Half(b + 2);
+    for (int j = 0; j < 16; ++j) {
+      w[j] = static_cast<float>(q[j] & 15) * d + m;
+      w[j + 16] = static_cast<float>(q[j] >> 4) * d + m;
+    }
+    return;
+  }
+  for (int j = 0; j < 16; ++j) {
+    w[j] = static_cast<float>((q[j] & 15) - 8) * d;
+    w[j + 16] = static_cast<float>((q[j] >> 4) - 8) * d;
+  }
+}
+
+// Portable path: dequantize one W row, dot it with every row of x.
+void Rows(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N, int64_t n0,
+          int64_t n1, float* y, std::vector<float>& tile) {
+  const int64_t bytes = BlockBytes(qtype), blocks = K / kBlock, row_bytes = blocks * bytes;
+  tile.resize(K);
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t b = 0; b < blocks; ++b) DequantBlockScalar(w + n * row_bytes + b * bytes, qtype, tile.data() + b * kBlock);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < K; ++k) dot += xm[k] * tile[k];
+      y[m * N + n] = dot;
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype) {
+  PD_CHECK(x.is_cpu() && weight.is_cpu(), "gguf_linear runs on CPU tensors");
+  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32, "gguf_linear: x must be float32");
+  PD_CHECK(weight.dtype() == paddle::DataType::UINT8, "gguf_linear: weight must be uint8 GGUF blocks");
+  const int64_t bytes = BlockBytes(qtype);
+  PD_CHECK(bytes > 0, "gguf_linear: unsupported GGUF type id ", qtype, " (supported: 2 Q4_0, 3 Q4_1, 8 Q8_0)");
+  const int64_t K = x.shape().back(), M = x.numel() / K, N = weight.shape()[0];
+  PD_CHECK(K % kBlock == 0 && weight.shape()[1] == K / kBlock * bytes,
+           "gguf_linear: weight [", N, ", ", weight.shape()[1], "] bytes do not hold rows of ", K, " weights");
+  std::vector<int64_t> out_shape = x.shape();
+  out_shape.back() = N;
+  auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const float* xd = x.data<float>();
+  const uint8_t* wd = weight.data<uint8_t>();
+  float* yd = y.data<float>();
+  const bool parallel = M * N * K >= kParallelWork;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> tile;
+#ifdef _OPENMP
+    const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+    const int64_t threads = 1, id = 0;
+#endif
+    // contiguous ranges of whole tiles per thread
+    const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+    const int64_t n0 = std::min(N, tiles * id / threads * kTileRows);
+    const int64_t n1 = std::min(N, tiles * (id + 1) / threads * kTileRows);
+    if (n0 < n1) Rows(xd, wd, qtype, M, K, N, n0, n1, yd, tile);
+  }
+  return {y};
+}
+
+std::vector<std::vector<int64_t>> GgufLinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                                                       const int64_t&) {
+  std::vector<int64_t> out = x;
+  out.back() = w[0];
+  return {out};
+}
+
+std::vector<paddle::DataType> GgufLinearInferDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+
+PD_BUILD_OP(gguf_linear)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"qtype: int64_t"})
+    .SetKernelFn(PD_KERNEL(GgufLinear))
+    .SetInferShapeFn(PD_INFER_SHAPE(GgufLinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GgufLinearInferDtype));

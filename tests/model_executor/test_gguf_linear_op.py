@@ -1,0 +1,113 @@
+"""The compiled `gguf_linear` op and LinearWeight against gguf-py's dequantization and numpy matmuls.
+
+Oracle: gguf-py's reference `quantize`/`dequantize` (the values transformers loads from a GGUF) and a
+float64 numpy matmul. Tolerances: the dequantized weights must equal gguf-py's within 1 ulp (the AVX-512
+path reproduces them exactly); matmuls agree within 1e-5 relative to sum_k |x||w| (float32 sums in another
+order).
+"""
+import gguf
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy.model_executor.layers.linear import LinearWeight
+from fastdeploy.model_executor.model_loader.quantized import Q4_0, Q4_1, Q8_0, QuantizedTensor
+from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
+
+QTYPES = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0}
+
+
+def quantized(rng, rows, cols, qtype) -> QuantizedTensor:
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 2.0, (rows, 1)).astype(np.float32)
+    w[:, :32] += 0.5  # blocks with an offset (Q4_1's minimum m matters)
+    return QuantizedTensor(gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype)), qtype, cols)
+
+
+def assert_matmul_close(y, x, w):
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T) + 1e-30
+    assert np.all(np.abs(y - ref) <= bound), f"max error {np.abs(y - ref).max():.3g}"
+
+
+def op():
+    gguf_linear = compiled_op("gguf_linear")
+    assert gguf_linear is not None, "the compiled custom ops failed to build on this machine (see the log)"
+    return gguf_linear
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_dequantized_weights_equal_gguf_py(name):
+    rng = np.random.default_rng(1)
+    w = quantized(rng, 37, 96, QTYPES[name])
+    eye = paddle.eye(96)  # y = I @ W^T = W^T: every weight through the op alone
+    got = op()(eye, paddle.to_tensor(w.blocks), w.qtype).numpy().T
+    np.testing.assert_array_max_ulp(got, w.dequantize(), maxulp=1)
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 64])
+@pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (16, 576), (33, 1536), (600, 64)])
+def test_op_matches_numpy_matmul(name, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n + k)
+    w = quantized(rng, n, k, QTYPES[name])
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), w.qtype).numpy()
+    assert y.shape == (m, n)
+    assert_matmul_close(y, x, w.dequantize())
+
+
+def test_op_keeps_leading_dims_and_rejects_bad_input():
+    rng = np.random.default_rng(2)
+    w = quantized(rng, 8, 64, Q8_0)
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    y = op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), w.qtype).numpy()
+    assert y.shape == (2, 3, 8)
+    assert_matmul_close(y.reshape(6, 8), x.reshape(6, 64), w.dequantize())
+    with pytest.raises(Exception, match="unsupported GGUF type"):
+        op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), 12)
+    with pytest.raises(Exception, match="do not hold rows"):
+        op()(paddle.to_tensor(x[..., :32]), paddle.to_tensor(w.blocks), w.qtype)
+
+
+def fused(rng, parts):
+    """A LinearWeight of len(parts) row ranges loaded in shuffled order; returns it and the dense [out, in]."""
+    k = 64
+    weight = LinearWeight(k, sum(rows for rows, _ in parts))
+    pieces, start = [], 0
+    for rows, qtype in parts:
+        piece = quantized(rng, rows, k, qtype) if qtype else rng.standard_normal((rows, k)).astype(np.float32)
+        pieces.append(((start, start + rows), piece))
+        start += rows
+    for i in rng.permutation(len(pieces)):
+        weight.load(*pieces[i])
+    dense = np.concatenate([p.dequantize() if isinstance(p, QuantizedTensor) else p for _, p in pieces])
+    return weight, dense
+
+
+@pytest.mark.parametrize("parts,kept_quantized", [
+    ([(24, Q4_1), (8, Q4_1), (8, Q4_1)], True),   # qkv-like, one type: one block matrix
+    ([(16, Q8_0)], True),
+    ([(24, Q4_1), (8, Q8_0), (8, Q4_1)], False),  # mixed types: dequantized
+    ([(24, Q4_1), (8, None), (8, Q4_1)], False),  # a float part: dequantized
+])
+def test_linear_weight_assembles_parts_in_row_order(parts, kept_quantized):
+    rng = np.random.default_rng(len(parts))
+    weight, dense = fused(rng, parts)
+    op()  # the compiled op is built, so only the types decide
+    assert (weight.blocks is not None) == kept_quantized and (weight.dense is None) == kept_quantized
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    assert_matmul_close(weight(paddle.to_tensor(x)).numpy(), x, dense)
+
+
+def test_linear_weight_with_fallbacks_forced_is_dense_and_equal():
+    rng = np.random.default_rng(7)
+    with fallbacks_forced():
+        weight, dense = fused(rng, [(24, Q4_1), (16, Q4_1)])
+    assert weight.blocks is None and weight.dense is not None
+    np.testing.assert_array_equal(weight.dense.numpy(), dense.T)
+
+
+def test_linear_weight_rejects_a_wrong_shape():
+    weight = LinearWeight(64, 16)
+    with pytest.raises(ValueError, match=r"has shape \[16, 32\], expected \[16, 64\]"):
+        weight.load(None, np.zeros((16, 32), np.float32))
