@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # not exist in this checkout are skipped, so the table can name old and new code paths.
 CATEGORIES = {
     "gemm": [
-        ("fastdeploy.model_executor.layers.linear", "linear"),
+        ("fastdeploy.model_executor.layers.linear", "LinearWeight.__call__"),
         ("fastdeploy.model_executor.layers.decoder_layer", "paddle.matmul"),
         ("fastdeploy.model_executor.models.causal_lm", "paddle.matmul"),
     ],
