@@ -1,0 +1,116 @@
+// RMSNorm (Zhang & Sennrich 2019) and RMSNorm after a residual add, CPU, float32.
+//
+//   fd_rms_norm(x, weight, eps) -> out:
+//       out = x * rsqrt(mean(x^2, last axis) + eps) * weight
+//   fd_fused_add_rms_norm(x, residual, weight, eps) -> (out, new_residual):
+//       new_residual = x + residual; out = fd_rms_norm(new_residual, weight, eps)
+//
+// x, residual: [..., hidden] float32 (each run of `hidden` values is one row: [n, hidden]
+// or [n, heads, head_dim]); weight: [hidden]. The math and its order, (x * r) * weight with r
+// computed in float32, are transformers' LlamaRMSNorm in fp32 and the pure-Paddle fallback in
+// fastdeploy/model_executor/ops/normalization.py. One pass reads each row twice (sum of squares,
+// then scale) while it is in L1. Rows are independent: OpenMP over rows only for large tensors
+// (prefill), because waking threads costs more than a decode step's whole norm. Paddle hands custom
+// ops contiguous tensors (a strided view arrives as a contiguous copy).
+#include <cmath>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace {
+constexpr int64_t kParallelElements = 1 << 18;
+
+// Mean of the squares of one row (float32 accumulation, vector lanes summed at the end).
+inline float MeanSquare(const float* x, int64_t hidden) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < hidden; ++d) sum += x[d] * x[d];
+  return sum / static_cast<float>(hidden);
+}
+
+inline void NormalizeRow(const float* x, const float* weight, float eps, int64_t hidden, float* out) {
+  const float r = 1.f / std::sqrt(MeanSquare(x, hidden) + eps);
+#pragma omp simd
+  for (int64_t d = 0; d < hidden; ++d) out[d] = x[d] * r * weight[d];
+}
+
+// Rows and row length of x, after checking x and weight against each other.
+void CheckRows(const paddle::Tensor& x, const paddle::Tensor& weight, const char* op, int64_t* rows,
+               int64_t* hidden) {
+  PD_CHECK(x.is_cpu() && weight.is_cpu(), op, " runs on CPU tensors");
+  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32 && weight.dtype() == paddle::DataType::FLOAT32, op,
+           " takes float32 tensors");
+  PD_CHECK(x.shape().size() >= 1, op, " needs an x of rank >= 1");
+  *hidden = x.shape().back();
+  PD_CHECK(weight.numel() == *hidden, op, ": weight has ", weight.numel(), " values, x's last axis ", *hidden);
+  *rows = *hidden == 0 ? 0 : x.numel() / *hidden;
+}
+}  // namespace
+
+std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x, const paddle::Tensor& weight, float eps) {
+  int64_t rows, hidden;
+  CheckRows(x, weight, "fd_rms_norm", &rows, &hidden);
+  auto out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const float* x_data = x.data<float>();
+  const float* w = weight.data<float>();
+  float* out_data = out.data<float>();
+#pragma omp parallel for schedule(static) if (rows * hidden >= kParallelElements)
+  for (int64_t i = 0; i < rows; ++i) NormalizeRow(x_data + i * hidden, w, eps, hidden, out_data + i * hidden);
+  return {out};
+}
+
+std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,
+                                            const paddle::Tensor& weight, float eps) {
+  int64_t rows, hidden;
+  CheckRows(x, weight, "fd_fused_add_rms_norm", &rows, &hidden);
+  PD_CHECK(residual.is_cpu() && residual.dtype() == paddle::DataType::FLOAT32 && residual.shape() == x.shape(),
+           "fd_fused_add_rms_norm: residual must be a float32 CPU tensor shaped like x");
+  auto out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  auto sum = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const float* x_data = x.data<float>();
+  const float* r_data = residual.data<float>();
+  const float* w = weight.data<float>();
+  float* out_data = out.data<float>();
+  float* sum_data = sum.data<float>();
+#pragma omp parallel for schedule(static) if (rows * hidden >= kParallelElements)
+  for (int64_t i = 0; i < rows; ++i) {
+    float* h = sum_data + i * hidden;
+#pragma omp simd
+    for (int64_t d = 0; d < hidden; ++d) h[d] = x_data[i * hidden + d] + r_data[i * hidden + d];
+    NormalizeRow(h, w, eps, hidden, out_data + i * hidden);
+  }
+  return {out, sum};
+}
+
+std::vector<std::vector<int64_t>> RmsNormInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) {
+  return {x};
+}
+
+std::vector<paddle::DataType> RmsNormInferDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+
+std::vector<std::vector<int64_t>> FusedAddRmsNormInferShape(const std::vector<int64_t>& x,
+                                                            const std::vector<int64_t>&,
+                                                            const std::vector<int64_t>&) {
+  return {x, x};
+}
+
+std::vector<paddle::DataType> FusedAddRmsNormInferDtype(const paddle::DataType& x, const paddle::DataType&,
+                                                        const paddle::DataType&) {
+  return {x, x};
+}
+
+PD_BUILD_OP(fd_rms_norm)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(RmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(RmsNormInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RmsNormInferDtype));
+
+PD_BUILD_OP(fd_fused_add_rms_norm)
+    .Inputs({"X", "Residual", "Weight"})
+    .Outputs({"Out", "NewResidual"})
+    .Attrs({"eps: float"})
+    .SetKernelFn(PD_KERNEL(FusedAddRmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(FusedAddRmsNormInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FusedAddRmsNormInferDtype));
