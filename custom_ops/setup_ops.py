@@ -37,7 +37,8 @@ def build_directory() -> Path:
     import paddle
 
     digest = hashlib.sha256(paddle.__version__.encode() + " ".join(CXX_FLAGS + NVCC_FLAGS).encode())
-    for source in sources() + sorted((ROOT / "cpu_ops").glob("*.h")):
+    headers = sorted((ROOT / "cpu_ops").glob("*.h")) + sorted((ROOT / "gpu_ops").glob("*.cuh"))
+    for source in sources() + headers:
         digest.update(source.name.encode() + source.read_bytes())
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "fastdeploy" / "ops" / digest.hexdigest()[:16]

@@ -34,6 +34,7 @@ namespace {
 constexpr int64_t kBlock = 32;
 constexpr int64_t kTileRows = 16;             // W rows dequantized per tile (M >= 4 path)
 constexpr int64_t kParallelWork = 1 << 18;    // multiply-adds below which one thread is faster
+constexpr int64_t kWideM = 16;                // rows of x from which the broadcast kernel is used
 
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type ids
 
@@ -167,13 +168,75 @@ void LargeM(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t 
   }
 }
 
-void Rows(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N, int64_t n0,
-          int64_t n1, float* y, std::vector<float>& tile) {
+// M >= kWideM: each dequantized weight is broadcast against 16 rows of x per vector. xt is x
+// transposed, [K, Mp] with Mp = M rounded up to 16 (zero padded). K is cut into chunks of kChunk so
+// that a chunk of xt stays in L1 while every W tile of the thread passes over it; partial sums of a
+// tile (kWideRows W rows x MV * 16 rows of x) live in `acc` between chunks.
+constexpr int64_t kWideRows = 8;
+constexpr int64_t kChunk = 256;  // multiple of kBlock
+
+template <int MV>
+void BroadcastKernel(const float* xt, int64_t Mp, const float* tile, int64_t kc, float* acc_out, bool first) {
+  // acc_out: [kWideRows][MV * 16]; tile: [kWideRows][kc]; xt: [kc][Mp] (this chunk)
+  __m512 acc[kWideRows][MV];
+  for (int j = 0; j < kWideRows; ++j)
+    for (int v = 0; v < MV; ++v) acc[j][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc_out + (j * MV + v) * 16);
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 xv[MV];
+    for (int v = 0; v < MV; ++v) xv[v] = _mm512_loadu_ps(xt + k * Mp + v * 16);
+    for (int j = 0; j < kWideRows; ++j) {
+      const __m512 wj = _mm512_set1_ps(tile[j * kc + k]);
+      for (int v = 0; v < MV; ++v) acc[j][v] = _mm512_fmadd_ps(wj, xv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < kWideRows; ++j)
+    for (int v = 0; v < MV; ++v) _mm512_storeu_ps(acc_out + (j * MV + v) * 16, acc[j][v]);
+}
+
+void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
+           int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
+  const int64_t bytes = BlockBytes(qtype), row_bytes = K / kBlock * bytes;
+  const int64_t tiles = (n1 - n0 + kWideRows - 1) / kWideRows;
+  std::vector<float> acc(tiles * kWideRows * 32);  // per tile and 32-row chunk of x: [kWideRows][32]
+  tile.assign(kWideRows * kChunk, 0.f);             // rows past the end of W stay zero
+  for (int64_t m = 0; m < M; m += 32) {
+    const int64_t mv = std::min<int64_t>(32, M - m) > 16 ? 2 : 1;
+    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+      const int64_t kc = std::min(kChunk, K - k0);
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t row0 = n0 + t * kWideRows, nr = std::min(kWideRows, n1 - row0);
+        for (int64_t j = 0; j < nr; ++j)
+          DequantRow(w + (row0 + j) * row_bytes + k0 / kBlock * bytes, qtype, bytes, kc / kBlock, tile.data() + j * kc);
+        float* a = acc.data() + t * kWideRows * 32;
+        if (mv == 2) {
+          BroadcastKernel<2>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
+        } else {
+          BroadcastKernel<1>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
+        }
+      }
+    }
+    const int64_t mr = std::min<int64_t>(32, M - m);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t row0 = n0 + t * kWideRows, nr = std::min(kWideRows, n1 - row0);
+      const float* a = acc.data() + t * kWideRows * 32;
+      for (int64_t i = 0; i < mr; ++i)
+        for (int64_t j = 0; j < nr; ++j) y[(m + i) * N + row0 + j] = a[j * mv * 16 + i];
+    }
+  }
+}
+
+void Rows(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t qtype, int64_t M, int64_t K,
+          int64_t N, int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   switch (M) {
     case 1: SmallM<1>(x, w, qtype, K, N, n0, n1, y); return;
     case 2: SmallM<2>(x, w, qtype, K, N, n0, n1, y); return;
     case 3: SmallM<3>(x, w, qtype, K, N, n0, n1, y); return;
-    default: LargeM(x, w, qtype, M, K, N, n0, n1, y, tile);
+    default:
+      if (xt != nullptr) {
+        WideM(xt, Mp, w, qtype, M, K, N, n0, n1, y, tile);
+      } else {
+        LargeM(x, w, qtype, M, K, N, n0, n1, y, tile);
+      }
   }
 }
 #else
@@ -201,8 +264,8 @@ inline void DequantBlockScalar(const uint8_t* b, int64_t qtype, float* w) {
 }
 
 // Portable path: dequantize one W row, dot it with every row of x.
-void Rows(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N, int64_t n0,
-          int64_t n1, float* y, std::vector<float>& tile) {
+void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
+          int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   const int64_t bytes = BlockBytes(qtype), blocks = K / kBlock, row_bytes = blocks * bytes;
   tile.resize(K);
   for (int64_t n = n0; n < n1; ++n) {
@@ -236,9 +299,21 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
   const uint8_t* wd = weight.data<uint8_t>();
   float* yd = y.data<float>();
   const bool parallel = M * N * K >= kParallelWork;
+#ifdef __AVX512F__
+  const bool wide = M >= kWideM;
+#else
+  const bool wide = false;
+#endif
+  const int64_t Mp = (M + 15) / 16 * 16;
+  std::vector<float> xt(wide ? K * Mp : 0, 0.f);  // x transposed [K, Mp] for the wide kernel
 #pragma omp parallel if (parallel)
   {
     std::vector<float> tile;
+    if (wide) {
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t m = 0; m < M; ++m) xt[k * Mp + m] = xd[m * K + k];
+    }
 #ifdef _OPENMP
     const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
 #else
@@ -248,7 +323,7 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
     const int64_t tiles = (N + kTileRows - 1) / kTileRows;
     const int64_t n0 = std::min(N, tiles * id / threads * kTileRows);
     const int64_t n1 = std::min(N, tiles * (id + 1) / threads * kTileRows);
-    if (n0 < n1) Rows(xd, wd, qtype, M, K, N, n0, n1, yd, tile);
+    if (n0 < n1) Rows(xd, wide ? xt.data() : nullptr, Mp, wd, qtype, M, K, N, n0, n1, yd, tile);
   }
   return {y};
 }
