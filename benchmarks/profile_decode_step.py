@@ -41,6 +41,7 @@ CATEGORIES = {
     "rotary": [
         ("fastdeploy.model_executor.layers.rotary_embedding", "RotaryEmbedding.apply"),
         ("fastdeploy.model_executor.layers.rotary_embedding", "RotaryEmbedding.tables"),
+        ("fastdeploy.model_executor.layers.decoder_layer", "rotary_embedding_"),
     ],
     "activation": [("fastdeploy.model_executor.layers.decoder_layer", "silu_and_mul")],
     "sampling": [

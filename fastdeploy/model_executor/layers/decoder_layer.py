@@ -12,9 +12,9 @@ goes (the MLP's names are given by its `mlp` object: DenseMLP here, SparseMoE in
 import paddle
 
 from fastdeploy.config import ModelConfig
-from fastdeploy.model_executor.layers.activation import silu_and_mul
+from fastdeploy.model_executor.ops.activation import silu_and_mul
 from fastdeploy.model_executor.layers.linear import LinearWeight
-from fastdeploy.model_executor.layers.normalization import rms_norm
+from fastdeploy.model_executor.ops.normalization import rms_norm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 

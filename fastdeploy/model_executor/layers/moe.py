@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import ModelConfig
-from fastdeploy.model_executor.layers.activation import silu_and_mul
+from fastdeploy.model_executor.ops.activation import silu_and_mul
 from fastdeploy.model_executor.layers.decoder_layer import DenseMLP
 
 

@@ -16,7 +16,7 @@ from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import PaddleAttentionBackend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP
 from fastdeploy.model_executor.layers.linear import LinearWeight, copy_transposed
-from fastdeploy.model_executor.layers.normalization import rms_norm
+from fastdeploy.model_executor.ops.normalization import rms_norm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
