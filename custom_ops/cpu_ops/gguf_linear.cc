@@ -103,26 +103,34 @@ inline void DequantRow(const uint8_t* row, int64_t qtype, int64_t bytes, int64_t
   }
 }
 
-// M < 4: rows n0..n1 of y for all MR rows of x, blocks dequantized in registers.
+// M < 4: y[:, n] for NR rows n of W at once (independent FMA chains hide the FMA latency), blocks
+// dequantized in registers and used for each of the MR rows of x.
+template <int MR, int NR>
+void SmallRows(const float* x, const uint8_t* w, int64_t qtype, int64_t bytes, int64_t blocks, int64_t K, float* y,
+               int64_t N) {
+  const int64_t row_bytes = blocks * bytes;
+  __m512 acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 w0[NR], w1[NR];
+    for (int c = 0; c < NR; ++c) DequantBlock(w + c * row_bytes + b * bytes, qtype, w0[c], w1[c]);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x0 = _mm512_loadu_ps(x + r * K + b * kBlock), x1 = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_fmadd_ps(w1[c], x1, _mm512_fmadd_ps(w0[c], x0, acc[r][c]));
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) y[r * N + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
 template <int MR>
 void SmallM(const float* x, const uint8_t* w, int64_t qtype, int64_t K, int64_t N, int64_t n0, int64_t n1,
             float* y) {
   const int64_t bytes = BlockBytes(qtype), blocks = K / kBlock, row_bytes = blocks * bytes;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * row_bytes;
-    __m512 acc[MR];
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      __m512 w0, w1;
-      DequantBlock(row + b * bytes, qtype, w0, w1);
-      for (int r = 0; r < MR; ++r) {
-        const float* xr = x + r * K + b * kBlock;
-        acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
-        acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r]);
-      }
-    }
-    for (int r = 0; r < MR; ++r) y[r * N + n] = _mm512_reduce_add_ps(acc[r]);
-  }
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) SmallRows<MR, 4>(x, w + n * row_bytes, qtype, bytes, blocks, K, y + n, N);
+  for (; n < n1; ++n) SmallRows<MR, 1>(x, w + n * row_bytes, qtype, bytes, blocks, K, y + n, N);
 }
 
 // y[MR, NR] (row stride N) = x[MR, K] . wt[NR, K]^T, both float32 rows.
