@@ -167,6 +167,17 @@ def test_top_p_nucleus_reaching_into_a_long_tail():
     assert np.isin(tokens, np.flatnonzero(tail)).sum() > 600
 
 
+def test_top_p_renormalises_over_the_mass_below_the_candidate_cut():
+    """top_p 0.5 over weights 1 and 0.6 and a tail of 1000 x 5e-4 (each below the first candidate cut,
+    1e-3 x p_max): the tail holds 0.5 of the total 2.1, so the second token (mass before it 1 < 0.5 x
+    2.1) is in the nucleus; measured against the candidates' mass alone (1.6) it would not be."""
+    logits = np.full(1002, np.log(5e-4), np.float32)
+    logits[[0, 1]] = [0.0, np.log(0.6)]
+    tokens = draw_rows(logits, 4000, seed=14, top_p=0.5)
+    assert set(np.unique(tokens).tolist()) == {0, 1}
+    assert abs((tokens == 1).mean() - 0.6 / 1.6) < 0.05
+
+
 @pytest.mark.parametrize(
     "settings",
     [

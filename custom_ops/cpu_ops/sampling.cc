@@ -1,0 +1,352 @@
+// Token sampling on CPU from float32 logits: greedy argmax, or softmax(logits / T) filtered by min-p,
+// top-k and top-p, then one inverse-CDF draw with the row's own uniform number.
+//
+// Reference: fastdeploy/model_executor/layers/sample/draw.py (numpy), same rules and same CDF order,
+// so one uniform draws the same token up to float rounding at CDF and filter boundaries:
+//   temperature 0: the first index of the maximum logit (ties: lowest id);
+//   else w = exp(l / T - max(l) / T) (= p / p_max), w < min_p -> 0;
+//   no top-k/top-p: the draw walks the CDF in token-id order (blocks of 1024 first, then inside one);
+//   else in the order "larger w first, ties by lower id": the top_k first tokens, then the smallest
+//   prefix of those whose mass before each token stays below top_p x their mass; the draw walks the
+//   CDF of that prefix in that order.
+// Nothing is sorted in full: top-k candidates come from one scan with a rising threshold, top-p
+// candidates from a weight cut (lowered from 1e-3 until they hold top_p of the mass), and the top-p
+// boundary and the drawn token are found by quickselect on cumulative mass.
+// A row whose logits are all -inf (or NaN) returns an index of its maximum, never one out of range.
+// Rows run in parallel (OpenMP) once the batch holds enough work to pay for waking threads.
+//
+// logits: [rows, vocab] float32, not modified
+// params: [rows, 5] float64: temperature (0 = greedy), top_k (0 = off), top_p (1 = off),
+//         min_p (0 = off), uniform in [0, 1)
+// out:    [rows] int64 token ids
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace {
+constexpr int64_t kBlock = 1024;            // token-id-order draw: block sums first
+constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of p_max
+constexpr int64_t kParallelWork = 1 << 18;  // logits in a batch worth waking threads for
+
+// exp(x) for x <= 0 in float32 (Cephes' expf polynomial, ~1 ulp), 0 below -87; written as plain
+// arithmetic so that the compiler vectorises the loops calling it.
+inline float ExpNonPositive(float x) {
+  const bool underflow = x < -87.0f;
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);  // x - n ln2 in two steps (Cody-Waite)
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return underflow ? 0.0f : p * scale;
+}
+
+// (GCC 12 does not vectorise `omp simd reduction(max)` over std::max; this form it does.)
+float RowMax(const float* x, int64_t n) {
+  float best = x[0];
+  for (int64_t i = 1; i < n; ++i) best = x[i] > best ? x[i] : best;
+  return best;
+}
+
+// The first i with x[i] == value: a vectorised any() per chunk of 256, then a scan of that chunk.
+int64_t FirstIndexOf(const float* x, int64_t n, float value) {
+  constexpr int64_t kChunk = 256;
+  int64_t start = 0;
+  for (; start + kChunk <= n; start += kChunk) {
+    int hits = 0;
+    for (int64_t i = start; i < start + kChunk; ++i) hits += x[i] == value;
+    if (hits) break;
+  }
+  for (int64_t i = start; i < n; ++i)
+    if (x[i] == value) return i;
+  return 0;  // value not found (NaN logits): token 0, never an index out of range
+}
+
+struct Weights {
+  double total = 0.0;    // sum of w
+  int64_t at_cut = 0;    // tokens with w >= kFirstCut
+  double mass_at_cut = 0.0;
+};
+
+// w[i] = exp(x[i] / T - max / T), zeroed below min_p; block_sums[b] = sum of w over block b.
+Weights ComputeWeights(const float* x, int64_t n, float max_x, float temperature, float min_p, float* w,
+                       std::vector<double>& block_sums) {
+  const float inv_t = 1.0f / temperature;
+  const float top = max_x * inv_t;
+  Weights out;
+  block_sums.assign((n + kBlock - 1) / kBlock, 0.0);
+  for (int64_t start = 0, b = 0; start < n; start += kBlock, ++b) {
+    const int64_t end = std::min(n, start + kBlock);
+    // two loops: GCC 12 miscompiled this store fused with the mixed-type reduction below
+#pragma omp simd
+    for (int64_t i = start; i < end; ++i) {
+      const float v = ExpNonPositive(x[i] * inv_t - top);
+      w[i] = v < min_p ? 0.0f : v;
+    }
+    double sum = 0.0, mass = 0.0;
+    int64_t count = 0;
+#pragma omp simd reduction(+ : sum, mass, count)
+    for (int64_t i = start; i < end; ++i) {
+      sum += w[i];
+      const bool candidate = w[i] >= kFirstCut;
+      count += candidate;
+      mass += candidate ? w[i] : 0.0f;
+    }
+    block_sums[b] = sum;
+    out.total += sum;
+    out.at_cut += count;
+    out.mass_at_cut += mass;
+  }
+  return out;
+}
+
+// Index i with cum(w[0..i]) > target, the first such; the last non-zero weight when none is; -1
+// when every weight is zero.
+int64_t WalkCdf(const float* w, int64_t n, double target) {
+  double cum = 0.0;
+  int64_t last = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (w[i] <= 0.0f) continue;
+    cum += w[i];
+    last = i;
+    if (cum > target) return i;
+  }
+  return last;
+}
+
+// Inverse-CDF draw in token-id order: the block holding u x total, then the token inside it.
+int64_t DrawById(const float* w, int64_t n, const std::vector<double>& block_sums, double total, double u) {
+  const int64_t blocks = static_cast<int64_t>(block_sums.size());
+  int64_t last_nonzero = blocks - 1;
+  while (last_nonzero > 0 && block_sums[last_nonzero] <= 0.0) --last_nonzero;
+  const double target = u * total;
+  double before = 0.0;
+  int64_t b = 0;
+  for (; b < last_nonzero && before + block_sums[b] <= target; ++b) before += block_sums[b];
+  const int64_t start = b * kBlock;
+  const int64_t i = WalkCdf(w + start, std::min(n, start + kBlock) - start, std::max(target - before, 0.0));
+  return i < 0 ? -1 : start + i;
+}
+
+struct Candidate {
+  float w;
+  int32_t id;
+};
+
+// The sampler's order: larger weight first, ties by lower id (a strict total order).
+inline bool Before(const Candidate& a, const Candidate& b) { return a.w > b.w || (a.w == b.w && a.id < b.id); }
+
+constexpr int64_t kChunk = 64;  // scans test a chunk at once (vectorised), then walk chunks with hits
+
+inline int HitsAbove(const float* w, float threshold) {
+  int hits = 0;
+  for (int64_t i = 0; i < kChunk; ++i) hits += w[i] > threshold;
+  return hits;
+}
+
+// The top_k largest weights (all positive ones when fewer), unordered: one scan keeping a buffer of
+// at most 4k tokens above a threshold that rises to the k-th largest whenever the buffer fills. Later
+// tokens equal to the threshold have higher ids, so they rank after the k tokens kept and are skipped.
+void GatherTopK(const float* w, int64_t n, int64_t top_k, std::vector<Candidate>& out) {
+  const size_t k = static_cast<size_t>(top_k), capacity = std::max<size_t>(4 * k, 256);
+  out.clear();
+  out.reserve(capacity);
+  float threshold = 0.0f;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    if (end - start == kChunk && HitsAbove(w + start, threshold) == 0) continue;
+    for (int64_t i = start; i < end; ++i) {
+      if (!(w[i] > threshold)) continue;
+      out.push_back({w[i], static_cast<int32_t>(i)});
+      if (out.size() == capacity) {
+        std::nth_element(out.begin(), out.begin() + (k - 1), out.end(), Before);
+        out.resize(k);
+        threshold = out[k - 1].w;
+      }
+    }
+  }
+  if (out.size() > k) {
+    std::nth_element(out.begin(), out.begin() + (k - 1), out.end(), Before);
+    out.resize(k);
+  }
+}
+
+// Tokens with w >= cut (w > 0 when cut is 0): how many, and their mass.
+std::pair<int64_t, double> CountAtLeast(const float* w, int64_t n, float cut) {
+  int64_t count = 0;
+  double mass = 0.0;
+#pragma omp simd reduction(+ : count, mass)
+  for (int64_t i = 0; i < n; ++i) {
+    const bool in = cut > 0.0f ? w[i] >= cut : w[i] > 0.0f;
+    count += in;
+    mass += in ? w[i] : 0.0f;
+  }
+  return {count, mass};
+}
+
+// Candidates holding the whole nucleus of top_p, unordered: tokens with w >= cut, the cut lowered
+// from kFirstCut until they hold top_p of the mass. Tokens below the cut come after the candidates in
+// sorted order, so each has at least top_p of the mass before it: none is in the nucleus.
+void GatherNucleus(const float* w, int64_t n, const Weights& weights, double top_p, std::vector<Candidate>& out) {
+  float cut = kFirstCut;
+  std::pair<int64_t, double> found{weights.at_cut, weights.mass_at_cut};
+  while (cut > 0.0f && found.second < top_p * weights.total) {
+    cut = cut > 1e-12f ? cut * 1e-3f : 0.0f;
+    found = CountAtLeast(w, n, cut);
+  }
+  const float above = cut > 0.0f ? std::nextafter(cut, 0.0f) : 0.0f;  // w > above  <=>  w >= cut
+  out.resize(found.first);
+  size_t count = 0;
+  for (int64_t start = 0; start < n && count < out.size(); start += kChunk) {
+    const int64_t end = std::min(n, start + kChunk);
+    if (end - start == kChunk && HitsAbove(w + start, above) == 0) continue;
+    for (int64_t i = start; i < end; ++i)
+      if (w[i] > above && count < out.size()) out[count++] = {w[i], static_cast<int32_t>(i)};
+  }
+  out.resize(count);
+}
+
+// Partitions c[lo, hi) around a median-of-three pivot: tokens sorted before it, then the pivot, then
+// the rest. Returns the pivot's position.
+size_t Partition(std::vector<Candidate>& c, size_t lo, size_t hi) {
+  size_t a = lo, b = lo + (hi - lo) / 2, z = hi - 1;
+  if (Before(c[b], c[a])) std::swap(a, b);
+  if (Before(c[z], c[b])) b = Before(c[z], c[a]) ? a : z;  // b: the median of the three
+  std::swap(c[b], c[hi - 1]);
+  const Candidate pivot = c[hi - 1];
+  const auto split = std::partition(c.begin() + lo, c.begin() + (hi - 1),
+                                    [&](const Candidate& t) { return Before(t, pivot); });
+  std::swap(*split, c[hi - 1]);
+  return static_cast<size_t>(split - c.begin());
+}
+
+// Position p (in [lo, hi)) of the first token, in sorted order, whose cumulative mass (the mass of
+// the tokens sorted ahead of it, itself included) reaches `target` (>= when inclusive, else >); hi
+// when none does. Quickselect on mass: only the part holding the crossing is partitioned further, so
+// [lo, p] ends up holding exactly the tokens sorted up to p, unordered, at expected O(hi - lo) cost
+// instead of a sort.
+size_t CrossingByMass(std::vector<Candidate>& c, size_t lo, size_t hi, double target, bool inclusive) {
+  double before = 0.0;
+  const auto reaches = [&](double cum) { return inclusive ? cum >= target : cum > target; };
+  while (hi - lo > 16) {
+    const size_t p = Partition(c, lo, hi);
+    double mass = 0.0;
+    for (size_t j = lo; j < p; ++j) mass += c[j].w;
+    if (reaches(before + mass)) {
+      hi = p;
+    } else if (reaches(before + mass + c[p].w)) {
+      return p;
+    } else {
+      before += mass + c[p].w;
+      lo = p + 1;
+    }
+  }
+  std::sort(c.begin() + lo, c.begin() + hi, Before);
+  for (size_t j = lo; j < hi; ++j) {
+    before += c[j].w;
+    if (reaches(before)) return j;
+  }
+  return hi;
+}
+
+// top-k (already applied by the gather), then top-p, then the draw, in sorted order. `mass`: the
+// mass top-p renormalises, that of the top-k tokens or of every token.
+int64_t DrawFromCandidates(std::vector<Candidate>& c, double mass, double top_p, double u) {
+  if (c.empty()) return -1;
+  // the nucleus: tokens whose mass before them is < top_p x mass, i.e. up to the first whose
+  // cumulative mass reaches it
+  const size_t kept = top_p < 1.0 ? std::min(c.size(), CrossingByMass(c, 0, c.size(), top_p * mass, true) + 1)
+                                  : c.size();
+  double kept_mass = 0.0;
+  for (size_t j = 0; j < kept; ++j) kept_mass += c[j].w;
+  const size_t drawn = CrossingByMass(c, 0, kept, u * kept_mass, false);
+  if (drawn < kept) return c[drawn].id;
+  return std::min_element(c.begin(), c.begin() + kept, [](const Candidate& a, const Candidate& b) {
+           return Before(b, a);
+         })->id;  // rounding put the target past the end: the last kept token
+}
+
+int64_t DrawFiltered(const float* w, int64_t n, const Weights& weights, int64_t top_k, double top_p, double u,
+                     std::vector<Candidate>& candidates) {
+  if (top_k <= 0) {
+    GatherNucleus(w, n, weights, top_p, candidates);
+    return DrawFromCandidates(candidates, weights.total, top_p, u);
+  }
+  GatherTopK(w, n, top_k, candidates);
+  double mass = 0.0;
+  for (const Candidate& t : candidates) mass += t.w;
+  return DrawFromCandidates(candidates, mass, top_p, u);
+}
+
+struct Scratch {
+  std::unique_ptr<float[]> w;
+  std::vector<double> block_sums;
+  std::vector<Candidate> candidates;
+};
+
+int64_t SampleRow(const float* x, int64_t vocab, const double* p, Scratch& scratch) {
+  const double temperature = p[0], top_p = p[2], u = p[4];
+  const int64_t top_k = p[1] < static_cast<double>(vocab) ? static_cast<int64_t>(p[1]) : vocab;
+  const float max_x = RowMax(x, vocab);
+  if (temperature <= 0.0 || !(max_x > -FLT_MAX)) return FirstIndexOf(x, vocab, max_x);  // greedy, or all -inf
+  float* w = scratch.w.get();
+  const Weights weights = ComputeWeights(x, vocab, max_x, static_cast<float>(temperature),
+                                         static_cast<float>(p[3]), w, scratch.block_sums);
+  const int64_t id = top_k <= 0 && top_p >= 1.0 ? DrawById(w, vocab, scratch.block_sums, weights.total, u)
+                                                 : DrawFiltered(w, vocab, weights, top_k, top_p, u, scratch.candidates);
+  return id >= 0 ? id : FirstIndexOf(x, vocab, max_x);  // -1: no positive weight (NaN logits)
+}
+}  // namespace
+
+std::vector<paddle::Tensor> TopKTopPMinPSampling(const paddle::Tensor& logits, const paddle::Tensor& params) {
+  PD_CHECK(logits.is_cpu() && params.is_cpu(), "fd_top_k_top_p_min_p_sampling runs on CPU tensors");
+  PD_CHECK(logits.dtype() == paddle::DataType::FLOAT32 && logits.shape().size() == 2,
+           "logits must be float32 [rows, vocab]");
+  const int64_t rows = logits.shape()[0], vocab = logits.shape()[1];
+  PD_CHECK(params.dtype() == paddle::DataType::FLOAT64 && params.shape().size() == 2 &&
+               params.shape()[0] == rows && params.shape()[1] == 5,
+           "params must be float64 [rows, 5] (temperature, top_k, top_p, min_p, uniform)");
+  PD_CHECK(vocab > 0 && vocab <= INT32_MAX, "vocab must be in [1, 2^31)");
+  auto out = paddle::empty({rows}, paddle::DataType::INT64, paddle::CPUPlace());
+  const float* x = logits.data<float>();
+  const double* p = params.data<double>();
+  int64_t* ids = out.data<int64_t>();
+#pragma omp parallel if (rows > 1 && rows * vocab >= kParallelWork)
+  {
+    Scratch scratch{std::unique_ptr<float[]>(new float[vocab]), {}, {}};
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < rows; ++r) ids[r] = SampleRow(x + r * vocab, vocab, p + r * 5, scratch);
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> TopKTopPMinPSamplingInferShape(const std::vector<int64_t>& logits,
+                                                                 const std::vector<int64_t>&) {
+  return {{logits[0]}};
+}
+
+std::vector<paddle::DataType> TopKTopPMinPSamplingInferDtype(const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::INT64};
+}
+
+PD_BUILD_OP(fd_top_k_top_p_min_p_sampling)
+    .Inputs({"Logits", "Params"})
+    .Outputs({"Ids"})
+    .SetKernelFn(PD_KERNEL(TopKTopPMinPSampling))
+    .SetInferShapeFn(PD_INFER_SHAPE(TopKTopPMinPSamplingInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(TopKTopPMinPSamplingInferDtype));
