@@ -1,7 +1,14 @@
-"""Paged attention, pure-Paddle backend (the reference for compiled `append_attention` ops).
+"""Paged attention backend: the compiled `append_attention` op, or the pure-Paddle path (its reference).
 
 One call per layer: write this step's K/V into the paged cache by slot mapping, then attend each
-request's new query tokens over everything its sequence has in the cache, causally.
+request's new query tokens over everything its sequence has in the cache, causally. The input is
+the fused projection `qkv [num_tokens, (heads + 2 kv_heads) * head_dim]` with RoPE applied.
+
+When the custom ops are built (custom_ops/cpu_ops/append_attention.cc) and the shapes suit the op
+(head_dim a multiple of 16, block_size of 4), each layer is one op call that writes the cache and
+attends in place through the block tables; the step's metadata is then four int64 tensors shared
+by all layers. Otherwise (fallbacks forced, no compiler) the pure-Paddle path below runs, which is
+the op's reference; tests run both against each other.
 
 KV cache per layer: key/value `[num_blocks, kv_heads, block_size, head_dim]` (FastDeploy's layout),
 held as numpy arrays viewed as `[num_blocks * kv_heads, block_size, head_dim]`: one (block, kv head)
@@ -10,18 +17,15 @@ is already `[kv_heads, blocks * block_size, head_dim]`. The gathers and cache wr
 (shared with Paddle through DLPack, no copies) because Paddle's CPU gather moves ~2.5 GB/s, a
 fifth of numpy's; the arithmetic runs in Paddle.
 
-Decode groups (one query token per request) use the compiled `paged_decode_attention` op when it
-builds (custom_ops/cpu_ops/): it reads K/V in place through the block tables, no gather copy.
-
-Requests are attended in groups, padded to the group's longest query and history, with one batched
-matmul per group: the model runner orders the batch by query length (decodes first), and
-consecutive requests share a group while padding at most doubles their query rows. A request with
-more than `MAX_BATCHED_QUERY` query tokens (a long prompt) is attended alone, in query blocks of
-`MAX_BATCHED_QUERY` rows to bound the score matrix. Decode never goes through
+Pure-Paddle path: requests are attended in groups, padded to the group's longest query and
+history, with one batched matmul per group: the model runner orders the batch by query length
+(decodes first), and consecutive requests share a group while padding at most doubles their
+query rows. A request with more than `MAX_BATCHED_QUERY` query tokens (a long prompt) is attended
+alone, in query blocks of `MAX_BATCHED_QUERY` rows to bound the score matrix. Decode never goes through
 `scaled_dot_product_attention` (its CPU kernel is 3x slower at query length 1).
 """
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import paddle
@@ -34,12 +38,31 @@ from fastdeploy.model_executor.ops import compiled_op
 MAX_BATCHED_QUERY = 256
 
 
+def compiled_append_attention(head_dim: int, block_size: int) -> Optional[Callable]:
+    """The compiled `append_attention` op, or None when not built, fallbacks are forced, or the op's
+    shape limits are not met (head_dim a multiple of 16, block_size a multiple of 4)."""
+    if head_dim % 16 or block_size % 4:
+        return None
+    return compiled_op("append_attention")
+
+
 def _as_paddle(array: np.ndarray) -> paddle.Tensor:
     return paddle.utils.dlpack.from_dlpack(array)
 
 
 def _as_numpy(tensor: paddle.Tensor) -> np.ndarray:
     return np.from_dlpack(tensor)
+
+
+@dataclass
+class AppendAttentionInputs:
+    """Per-step inputs of the compiled op (int64 tensors sharing memory with ForwardMeta's arrays)."""
+
+    op: Callable
+    slot_mapping: paddle.Tensor  # [num_tokens]
+    cu_seqlens_q: paddle.Tensor  # [bs + 1]
+    seq_lens_decoder: paddle.Tensor  # [bs]
+    block_tables: paddle.Tensor  # [bs, max_blocks], -1 padded
 
 
 @dataclass
@@ -50,10 +73,6 @@ class AttentionGroup:
     num_tokens: int
     num_requests: int
     max_query: int
-    # Inputs of the compiled decode op (max_query 1, op built): block tables [n, num_blocks] and
-    # context lengths [n], int64. When set, the fields below stay None.
-    block_tables: Optional[paddle.Tensor] = None
-    context_lens: Optional[paddle.Tensor] = None
     gather_rows: Optional[np.ndarray] = None  # [num_requests * kv_heads * num_blocks] cache rows
     mask: Optional[np.ndarray] = None  # [num_requests, kv_heads, group, max_query, length] 0 / -inf
     # Row permutations between the batch layout [tokens * heads] and the grouped layout
@@ -65,6 +84,8 @@ class AttentionGroup:
 
 @dataclass
 class AttentionMetadata:
+    """Per-step metadata of the pure-Paddle path."""
+
     write_slots: np.ndarray  # [num_tokens, kv_heads] row of each new (token, kv head) in the flat cache
     groups: list  # AttentionGroup for short queries, LongPrefill for long ones, in batch order
 
@@ -89,6 +110,13 @@ class KVCache:
     value: np.ndarray
     key_tensor: paddle.Tensor
     value_tensor: paddle.Tensor
+
+    @classmethod
+    def of(cls, key: paddle.Tensor, value: paddle.Tensor) -> "KVCache":
+        """The cache over existing contiguous [num_blocks, kv_heads, block_size, head_dim] tensors (shared)."""
+        blocks, kv_heads, block_size, head_dim = key.shape
+        rows = (blocks * kv_heads, block_size, head_dim)
+        return cls(_as_numpy(key).reshape(rows), _as_numpy(value).reshape(rows), key, value)
 
 
 def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int) -> KVCache:
@@ -152,19 +180,29 @@ def split_into_groups(query_lens: np.ndarray) -> list[tuple[int, int]]:
 
 
 class PaddleAttentionBackend:
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int):
-        """Uses the compiled `paged_decode_attention` op for decode groups when it can be built."""
-        self.decode_op = compiled_op("paged_decode_attention")
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                 scale: Optional[float] = None):
+        """scale: multiplies q.k before the softmax; head_dim ** -0.5 when None."""
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.block_size = block_size
         self.group = num_heads // num_kv_heads
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
 
     # ---- per step ----------------------------------------------------------------------------
-    def init_attention_metadata(self, meta: ForwardMeta) -> AttentionMetadata:
-        """Per-step indices and masks shared by every layer."""
+    def init_attention_metadata(self, meta: ForwardMeta):
+        """Per-step inputs shared by every layer: the op's index tensors when the compiled op runs
+        (AppendAttentionInputs), else the Paddle path's indices and masks (AttentionMetadata)."""
+        op = compiled_append_attention(self.head_dim, self.block_size)
+        if op is None:
+            return self.paddle_metadata(meta)
+        index = [_as_paddle(np.ascontiguousarray(a, dtype=np.int64))
+                 for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder, meta.block_tables)]
+        return AppendAttentionInputs(op, *index)
+
+    def paddle_metadata(self, meta: ForwardMeta) -> AttentionMetadata:
+        """The Paddle path's indices and masks for a step (uses meta's numpy arrays only)."""
         kvh, bs = self.num_kv_heads, self.block_size
         slots = meta.slot_mapping
         rows = (slots // bs)[:, None] * kvh + np.arange(kvh)[None, :]  # [num_tokens, kv_heads]
@@ -182,10 +220,6 @@ class PaddleAttentionBackend:
         n, max_query = end - start, int(query_lens.max())
         num_blocks = int(-(-(history + query_lens).max() // self.block_size))
         group = AttentionGroup(int(meta.cu_seqlens_q[start]), int(query_lens.sum()), n, max_query)
-        if max_query == 1 and self.decode_op is not None:
-            group.block_tables = paddle.to_tensor(np.ascontiguousarray(meta.block_tables[start:end, :num_blocks]))
-            group.context_lens = paddle.to_tensor(history + 1)
-            return group
         length = num_blocks * self.block_size
         mask = _causal_mask(history, query_lens, max_query, length)
         # expanded to the score shape: Paddle's CPU broadcasting add is ~50x slower than same-shape
@@ -210,21 +244,23 @@ class PaddleAttentionBackend:
         return LongPrefill(int(meta.cu_seqlens_q[i]), n, int(history[0]), rows, mask, to_grouped, from_grouped)
 
     # ---- per layer ---------------------------------------------------------------------------
-    def forward(
-        self,
-        q: paddle.Tensor,
-        k: paddle.Tensor,
-        v: paddle.Tensor,
-        cache: KVCache,
-        meta: AttentionMetadata,
-    ) -> paddle.Tensor:
-        # q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] or
-        # [num_tokens, kv_heads * head_dim], strided views allowed (read through DLPack, not copied)
-        # returns [num_tokens, heads * head_dim]
-        n, kvh, dim = q.shape[0], self.num_kv_heads, self.head_dim
-        cache.key.reshape(-1, dim)[meta.write_slots] = _as_numpy(k).reshape(n, kvh, dim)
-        cache.value.reshape(-1, dim)[meta.write_slots] = _as_numpy(v).reshape(n, kvh, dim)
-        q = paddle.scale(q, self.scale)  # 4x faster than `q * scale` on a strided view
+    def forward(self, qkv: paddle.Tensor, cache: KVCache, meta) -> paddle.Tensor:
+        # qkv: [num_tokens, (heads + 2 kv_heads) * head_dim] contiguous, RoPE applied to q and k
+        # meta: this step's init_attention_metadata; returns [num_tokens, heads * head_dim]
+        if isinstance(meta, AppendAttentionInputs):
+            return meta.op(qkv, cache.key_tensor, cache.value_tensor, meta.slot_mapping, meta.cu_seqlens_q,
+                           meta.seq_lens_decoder, meta.block_tables, self.num_heads, self.scale)
+        return self.paddle_forward(qkv, cache, meta)
+
+    def paddle_forward(self, qkv: paddle.Tensor, cache: KVCache, meta: AttentionMetadata) -> paddle.Tensor:
+        """The pure-Paddle path of `forward`, with paddle_metadata's metadata."""
+        n, heads, kvh, dim = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        rows = _as_numpy(qkv)  # [n, (heads + 2 kvh) * dim]
+        k, v = rows[:, heads * dim : (heads + kvh) * dim], rows[:, (heads + kvh) * dim :]
+        cache.key.reshape(-1, dim)[meta.write_slots] = k.reshape(n, kvh, dim)
+        cache.value.reshape(-1, dim)[meta.write_slots] = v.reshape(n, kvh, dim)
+        # paddle.scale: 4x faster than `q * scale` on a strided view
+        q = paddle.scale(qkv[:, : heads * dim], self.scale).reshape([n, heads, dim])
         outputs = []
         for g in meta.groups:
             q_part = q[g.token_start : g.token_start + g.num_tokens]
@@ -237,9 +273,6 @@ class PaddleAttentionBackend:
 
     def _group_attention(self, q, cache: KVCache, g: AttentionGroup) -> paddle.Tensor:
         # q: [num_tokens, heads, head_dim] (already scaled) -> [num_tokens, heads * head_dim]
-        if g.block_tables is not None:  # compiled op: reads the paged cache in place, no gather
-            return self.decode_op(q.contiguous(), cache.key_tensor, cache.value_tensor, g.block_tables,
-                                  g.context_lens, 1.0)
         n, t, kvh, group, dim = g.num_requests, g.max_query, self.num_kv_heads, self.group, self.head_dim
         length = g.mask.shape[-1]
         keys = self._history(cache.key, g.gather_rows, [n, kvh, length, dim])

@@ -90,9 +90,8 @@ class DecoderLayer:
             qk = paddle.concat([rms_norm(qk[:, : self.num_heads], w["q_norm"], self.eps),
                                 rms_norm(qk[:, self.num_heads :], w["k_norm"], self.eps)], axis=1)
         qk = rope.apply(qk, cos, sin)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # views, no copies
-        v = qkv[:, self.q_size + self.kv_size :]  # [n, kv_size] view
-        attn = w["o_proj"](attention.forward(q, k, v, kv_cache, attn_meta))
+        qkv = paddle.concat([qk.reshape([n, -1]), qkv[:, self.q_size + self.kv_size :]], axis=1)  # RoPE'd q, k | v
+        attn = w["o_proj"](attention.forward(qkv, kv_cache, attn_meta))
         if "o_proj_bias" in w:
             attn = attn + w["o_proj_bias"]
         hidden = hidden + attn
