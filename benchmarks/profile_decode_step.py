@@ -39,8 +39,6 @@ CATEGORIES = {
         ("fastdeploy.model_executor.models.causal_lm", "rms_norm"),
     ],
     "rotary": [
-        ("fastdeploy.model_executor.layers.rotary_embedding", "RotaryEmbedding.apply"),
-        ("fastdeploy.model_executor.layers.rotary_embedding", "RotaryEmbedding.tables"),
         ("fastdeploy.model_executor.layers.decoder_layer", "rotary_embedding_"),
     ],
     "activation": [("fastdeploy.model_executor.layers.decoder_layer", "silu_and_mul")],

@@ -135,18 +135,6 @@ def test_rotary_embedding(n, head_dim, num_heads, num_kv_heads):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_rotary_embedding_matches_layer_apply(path):
-    """Same rotation as RotaryEmbedding.tables + apply, on [n, heads, head_dim] (all heads rotated)."""
-    rng = np.random.default_rng(5)
-    rope, positions = rope_for(64), paddle.to_tensor(random_positions(rng, 9))
-    qk = paddle.to_tensor(rng.standard_normal((9, 12, 64), dtype=np.float32))
-    cos, sin = rope.tables(positions, 12)
-    expected = rope.apply(qk, cos, sin).numpy()
-    got = run(path, rotary_embedding_, qk, positions, rope.cos, rope.sin_signed, 9, 3, 64).numpy()
-    assert np.abs(got - expected).max() <= 1e-6 * np.abs(expected).max()
-
-
-@pytest.mark.parametrize("path", PATHS)
 def test_rotary_embedding_refuses_strided_views(path):
     rope = rope_for(64)
     view = paddle.zeros([4, 15 * 64])[:, : 12 * 64]

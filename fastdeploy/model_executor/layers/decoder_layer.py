@@ -3,6 +3,9 @@
     h = h + o_proj(attention(rope(q_norm?(q)), rope(k_norm?(k)), v))   with q, k, v = qkv_proj(rms_norm(h))
     h = h + mlp(rms_norm(h))                                             mlp = down(swiglu(gate_up(x)))
 
+Each residual add is fused into the norm after it (ops/normalization.py: fused_add_rms_norm), and RoPE
+rotates q and k inside the fused qkv projection in place (ops/rotary_embedding.py).
+
 Linear weights are `LinearWeight`s (layers/linear.py: dense [in, out], Paddle's layout, or GGUF
 blocks) and fused: qkv [hidden, (heads + 2 kv_heads) * head_dim], gate_up [hidden, 2 * intermediate]. Optional parts follow ModelConfig: biases on q/k/v (`qkv_bias`,
 Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q and k before RoPE
@@ -14,7 +17,8 @@ import paddle
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.ops.activation import silu_and_mul
 from fastdeploy.model_executor.layers.linear import LinearWeight
-from fastdeploy.model_executor.ops.normalization import rms_norm
+from fastdeploy.model_executor.ops.normalization import fused_add_rms_norm, rms_norm
+from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
@@ -77,25 +81,37 @@ class DecoderLayer:
             self.weights["q_norm"] = paddle.empty([dim])
             self.weights["k_norm"] = paddle.empty([dim])
 
-    def forward(self, hidden, rope: RotaryEmbedding, cos, sin, attention, kv_cache, attn_meta):
-        # hidden: [num_tokens, hidden]
+    def forward(self, hidden, residual, rope: RotaryEmbedding, positions, attention, kv_cache, attn_meta):
+        """One layer with the residual stream carried separately (so each add fuses into the next norm).
+
+        hidden: [n, hidden], the previous layer's MLP output (the embeddings for the first layer, with
+        residual None); residual: [n, hidden] or None. Returns (this layer's MLP output, residual): the
+        layer's true output is their sum, formed by the next layer's (or the final) fused add + norm.
+        """
         w = self.weights
-        n = hidden.shape[0]
-        x = rms_norm(hidden, w["input_layernorm"], self.eps)
+        if residual is None:
+            residual, x = hidden, rms_norm(hidden, w["input_layernorm"], self.eps)
+        else:
+            x, residual = fused_add_rms_norm(hidden, residual, w["input_layernorm"], self.eps)
         qkv = w["qkv"](x)  # [n, q_size + 2 kv_size]
         if "qkv_bias" in w:
             qkv = qkv + w["qkv_bias"]
-        qk = qkv[:, : self.q_size + self.kv_size].reshape([n, self.num_heads + self.num_kv_heads, self.head_dim])
-        if "q_norm" in w:  # per-head RMSNorm over head_dim (Qwen3)
-            qk = paddle.concat([rms_norm(qk[:, : self.num_heads], w["q_norm"], self.eps),
-                                rms_norm(qk[:, self.num_heads :], w["k_norm"], self.eps)], axis=1)
-        qk = rope.apply(qk, cos, sin)
-        qkv = paddle.concat([qk.reshape([n, -1]), qkv[:, self.q_size + self.kv_size :]], axis=1)  # RoPE'd q, k | v
+        if "q_norm" in w:
+            qkv = self._qk_norm(qkv)
+        rotary_embedding_(qkv, positions, rope.cos, rope.sin_signed, self.num_heads, self.num_kv_heads, self.head_dim)
         attn = w["o_proj"](attention.forward(qkv, kv_cache, attn_meta))
         if "o_proj_bias" in w:
             attn = attn + w["o_proj_bias"]
-        hidden = hidden + attn
-        return hidden + self.mlp.forward(rms_norm(hidden, w["post_attention_layernorm"], self.eps))
+        x, residual = fused_add_rms_norm(attn, residual, w["post_attention_layernorm"], self.eps)
+        return self.mlp.forward(x), residual
+
+    def _qk_norm(self, qkv: paddle.Tensor) -> paddle.Tensor:
+        """Per-head RMSNorm of q and k over head_dim (Qwen3); qkv [n, q_size + 2 kv_size] -> a new one."""
+        n, w, dim = qkv.shape[0], self.weights, self.head_dim
+        q = rms_norm(qkv[:, : self.q_size].reshape([n, self.num_heads, dim]), w["q_norm"], self.eps)
+        k = rms_norm(qkv[:, self.q_size : self.q_size + self.kv_size].reshape([n, self.num_kv_heads, dim]),
+                     w["k_norm"], self.eps)
+        return paddle.concat([q.reshape([n, -1]), k.reshape([n, -1]), qkv[:, self.q_size + self.kv_size :]], axis=1)
 
     def hf_weight_table(self) -> dict:
         """HF name (inside the layer) -> (weights dict, key, column range or None, transpose?)."""

@@ -27,7 +27,11 @@ def _llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables; `apply` rotates q/k heads in the rotate-half layout."""
+    """Precomputed cos/sin tables [max_position, head_dim] for the rotate-half layout.
+
+    `cos` and `sin_signed` (sin with rotate_half's sign folded into its first half) are what
+    ops/rotary_embedding.py's `rotary_embedding_` rotates q and k with.
+    """
 
     def __init__(self, head_dim: int, rope_theta: float, max_position: int, scaling: Optional[dict]):
         exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
@@ -41,21 +45,5 @@ class RotaryEmbedding:
         angles = np.concatenate([freqs, freqs], axis=-1)  # [max_position, head_dim]
         half = head_dim // 2
         sign = np.concatenate([-np.ones(half, np.float32), np.ones(half, np.float32)])
-        self.half = half
         self.cos = paddle.to_tensor(np.cos(angles))
         self.sin_signed = paddle.to_tensor(np.sin(angles) * sign)  # rotate_half's sign folded in
-
-    def tables(self, positions: paddle.Tensor, num_heads: int) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """cos, signed sin for the step's tokens, each [num_tokens, num_heads, head_dim].
-
-        Expanded to full shape once per step: Paddle's CPU elementwise kernels are ~25x slower
-        when broadcasting over a middle axis than on same-shape operands.
-        """
-        cos = paddle.gather(self.cos, positions).unsqueeze(1)
-        sin = paddle.gather(self.sin_signed, positions).unsqueeze(1)
-        shape = [positions.shape[0], num_heads, cos.shape[-1]]
-        return cos.expand(shape).contiguous(), sin.expand(shape).contiguous()
-
-    def apply(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-        # x, cos, sin: [num_tokens, num_heads, head_dim]; rotate_half(x) = [-x2, x1] = roll(x, half) * sign
-        return x * cos + paddle.roll(x, self.half, axis=-1) * sin

@@ -16,7 +16,7 @@ from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import PaddleAttentionBackend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP
 from fastdeploy.model_executor.layers.linear import LinearWeight, copy_transposed
-from fastdeploy.model_executor.ops.normalization import rms_norm
+from fastdeploy.model_executor.ops.normalization import fused_add_rms_norm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
@@ -50,12 +50,13 @@ class CausalLM:
     def forward(self, meta: ForwardMeta, kv_caches: list) -> paddle.Tensor:
         """Logits [num_sampled, vocab] at meta.logits_indices; writes this step's K/V into kv_caches."""
         attn_meta = self.attention.init_attention_metadata(meta)
-        cos, sin = self.rope.tables(meta.positions, self.config.num_attention_heads + self.config.num_key_value_heads)
-        hidden = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens)  # [n, hidden]
+        hidden, residual = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens), None  # [n, hidden]
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer.forward(hidden, self.rope, cos, sin, self.attention, kv_cache, attn_meta)
-        hidden = paddle.gather(hidden, meta.logits_indices)  # [num_sampled, hidden]
-        hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+            hidden, residual = layer.forward(hidden, residual, self.rope, meta.positions, self.attention, kv_cache,
+                                             attn_meta)
+        rows = meta.logits_indices  # [num_sampled]
+        hidden, _ = fused_add_rms_norm(paddle.gather(hidden, rows), paddle.gather(residual, rows), self.norm,
+                                       self.config.rms_norm_eps)
         logits = self.lm_head(hidden)
         return logits if self.lm_head_bias is None else logits + self.lm_head_bias
 
