@@ -24,6 +24,7 @@
 // register-blocked FMAs with broadcast operands and the online softmax vectorises over rows.
 // OpenMP threads start only when the step's work is large: waking them costs tens of microseconds.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -480,13 +481,16 @@ std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const pad
   int64_t fmas = 0;
   const std::vector<Item> items = MakeItems(in, g, batch, &fmas);
   const int64_t count = static_cast<int64_t>(items.size());
-  // OpenMP's default team: Paddle's Intel OpenMP runtime serves these GOMP calls, so it is the
-  // thread count the engine gave Paddle (fastdeploy/platforms/cpu.py, set_paddle_threads).
+  // The team is OpenMP's default: Paddle's Intel OpenMP runtime (libiomp5) serves GOMP_parallel,
+  // so it has the thread count the engine gave Paddle (platforms/cpu.py, set_paddle_threads).
+  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`: GCC emits
+  // GOMP_loop_nonmonotonic_* for that, which libiomp5 lacks, and libgomp's versions do not know
+  // libiomp5's team, so every thread would run every item.
+  std::atomic<int64_t> next{0};
 #pragma omp parallel if (fmas > kParallelFmas)
   {
     Scratch scratch;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = next++; i < count; i = next++) {
       const Item& item = items[i];
       if (in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1) {
         DecodeItem(in, g, item, scratch);
