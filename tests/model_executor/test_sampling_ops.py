@@ -25,6 +25,7 @@ from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, app
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 from fastdeploy.model_executor.ops.sampling import apply_penalties_, top_k_top_p_min_p_sampling
+from fastdeploy.platforms.cpu import set_paddle_threads
 
 TOL = 1e-5
 
@@ -159,15 +160,18 @@ def test_greedy_rows_are_the_first_argmax(vocab):
 
 
 def test_a_batch_run_by_threads_draws_what_each_row_draws_alone():
-    """32 x 49152 logits run over OpenMP threads; one row alone runs on one thread."""
+    """128 x 131072 logits (the op's threshold for OpenMP threads, 2^24) run over threads; a row alone
+    runs on one."""
+    set_paddle_threads()  # one OpenMP thread per usable core, as an engine sets them
     rng = np.random.default_rng(5)
-    logits = make_logits("peaked", 32, 49152, rng)
-    cases = [FILTERS[r % len(FILTERS)] for r in range(32)]
-    t, k, p, m = (np.array([c[i] for c in cases], np.float64) for i in range(4))
-    u = rng.random(32)
+    rows, vocab = 128, 131072
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    logits[np.arange(rows), rng.integers(0, vocab, rows)] += 12.0
+    t, k, p, m = (np.array([FILTERS[r % len(FILTERS)][i] for r in range(rows)], np.float64) for i in range(4))
+    u = rng.random(rows)
     batch = top_k_top_p_min_p_sampling(logits, t, k, p, m, u)
     alone = [top_k_top_p_min_p_sampling(logits[r : r + 1], t[r : r + 1], k[r : r + 1], p[r : r + 1], m[r : r + 1],
-                                        u[r : r + 1])[0] for r in range(32)]
+                                        u[r : r + 1])[0] for r in range(rows)]
     np.testing.assert_array_equal(batch, alone)
 
 
