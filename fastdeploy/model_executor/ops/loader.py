@@ -10,6 +10,7 @@ A build left by an earlier process is imported directly (paddle's `load` would r
 script, ~1.3 s per process); otherwise the module is compiled first (~30 s once per machine).
 """
 import contextlib
+import fcntl
 import functools
 import importlib.util
 import logging
@@ -38,13 +39,17 @@ def _load():
     """Import (or build, then import) the extension once per process: loading the same ops twice aborts Paddle."""
     try:
         setup_ops = _setup_ops()
-        built = setup_ops.build_directory() / setup_ops.NAME
-        if (built / f"{setup_ops.NAME}.so").is_file():
-            from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
+        directory = setup_ops.build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "build.lock", "w") as lock:  # one process builds, the others wait for it
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            built = directory / setup_ops.NAME
+            if (built / f"{setup_ops.NAME}.so").is_file():
+                from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
 
-            return _import_module_from_library(setup_ops.NAME, str(built))
-        logger.info("building the custom ops (custom_ops/setup_ops.py), once per machine...")
-        return setup_ops.build()
+                return _import_module_from_library(setup_ops.NAME, str(built))
+            logger.info("building the custom ops (custom_ops/setup_ops.py), once per machine...")
+            return setup_ops.build()
     except Exception as e:  # any failure means: run the pure-Paddle fallbacks
         logger.warning("custom ops unavailable (%s: %s); using pure-Paddle fallbacks", type(e).__name__, e)
         return None
