@@ -134,6 +134,7 @@ struct Scratch {
 // One work item: query tokens first .. first + count - 1 of `request` against KV head `kv_head`.
 struct Item {
   int64_t request, kv_head, first, count;
+  int64_t fmas;  // multiply-adds of both products, for scheduling
 };
 
 inline const float* QueryRow(const Inputs& in, const Geometry& g, int64_t token, int64_t head) {
@@ -392,20 +393,23 @@ void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch&
   }
 }
 
-// Items of every request, heaviest first within a request (later query tiles see more keys);
-// *fmas: the multiply-adds of all of them (both products), to decide on threads.
+// Every request's items, heaviest first (threads then take them in turn: longest first balances
+// a long prompt's tiles against many short decodes); *fmas: the sum of their multiply-adds.
 std::vector<Item> MakeItems(const Inputs& in, const Geometry& g, int64_t batch, int64_t* fmas) {
   std::vector<Item> items;
   const int64_t tile = std::max<int64_t>(1, kTileRows / g.group);
   *fmas = 0;
   for (int64_t i = 0; i < batch; ++i) {
     const int64_t queries = in.cu_seqlens[i + 1] - in.cu_seqlens[i];
-    for (int64_t first = (queries - 1) / tile * tile; queries > 0 && first >= 0; first -= tile) {
+    for (int64_t first = 0; first < queries; first += tile) {
       const int64_t count = std::min(tile, queries - first);
-      *fmas += 2 * count * g.num_heads * (in.history[i] + first + count) * g.head_dim;
-      for (int64_t h = 0; h < g.kv_heads; ++h) items.push_back({i, h, first, count});
+      const int64_t cost = 2 * count * g.group * (in.history[i] + first + count) * g.head_dim;
+      for (int64_t h = 0; h < g.kv_heads; ++h) items.push_back({i, h, first, count, cost});
+      *fmas += cost * g.kv_heads;
     }
   }
+  if (*fmas > kParallelFmas)
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.fmas > b.fmas; });
   return items;
 }
 
