@@ -23,14 +23,22 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "paddle/extension.h"
+#include "sampling_common.h"
 
 namespace {
+using fd_sampling::Before;
+using fd_sampling::Candidate;
+using fd_sampling::ExpNonPositive;
+using fd_sampling::GatherTopK;
+using fd_sampling::HitsAbove;
+using fd_sampling::kChunk;
+using fd_sampling::RowMax;
+
 constexpr int64_t kBlock = 1024;            // token-id-order draw: block sums first
 constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of p_max
 // Logits in a batch worth running rows on several threads. Measured on 2 shared cores (other
@@ -39,34 +47,6 @@ constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of 
 // 20 ms. So decode batches stay on one thread; batches of 2^24 logits and more, where free cores
 // would pay, use the others.
 constexpr int64_t kParallelWork = int64_t(1) << 24;
-
-// exp(x) for x <= 0 in float32 (Cephes' expf polynomial, ~1 ulp), 0 below -87; written as plain
-// arithmetic so that the compiler vectorises the loops calling it.
-inline float ExpNonPositive(float x) {
-  const bool underflow = x < -87.0f;
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);  // x - n ln2 in two steps (Cody-Waite)
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return underflow ? 0.0f : p * scale;
-}
-
-// (GCC 12 does not vectorise `omp simd reduction(max)` over std::max; this form it does.)
-float RowMax(const float* x, int64_t n) {
-  float best = x[0];
-  for (int64_t i = 1; i < n; ++i) best = x[i] > best ? x[i] : best;
-  return best;
-}
 
 // The first i with x[i] == value: a vectorised any() per chunk of 256, then a scan of that chunk.
 int64_t FirstIndexOf(const float* x, int64_t n, float value) {
@@ -148,49 +128,6 @@ int64_t DrawById(const float* w, int64_t n, const std::vector<double>& block_sum
   return i < 0 ? -1 : start + i;
 }
 
-struct Candidate {
-  float w;
-  int32_t id;
-};
-
-// The sampler's order: larger weight first, ties by lower id (a strict total order).
-inline bool Before(const Candidate& a, const Candidate& b) { return a.w > b.w || (a.w == b.w && a.id < b.id); }
-
-constexpr int64_t kChunk = 64;  // scans test a chunk at once (vectorised), then walk chunks with hits
-
-inline int HitsAbove(const float* w, float threshold) {
-  int hits = 0;
-  for (int64_t i = 0; i < kChunk; ++i) hits += w[i] > threshold;
-  return hits;
-}
-
-// The top_k largest weights (all positive ones when fewer), unordered: one scan keeping a buffer of
-// at most 4k tokens above a threshold that rises to the k-th largest whenever the buffer fills. Later
-// tokens equal to the threshold have higher ids, so they rank after the k tokens kept and are skipped.
-void GatherTopK(const float* w, int64_t n, int64_t top_k, std::vector<Candidate>& out) {
-  const size_t k = static_cast<size_t>(top_k), capacity = std::max<size_t>(4 * k, 256);
-  out.clear();
-  out.reserve(capacity);
-  float threshold = 0.0f;
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t end = std::min(n, start + kChunk);
-    if (end - start == kChunk && HitsAbove(w + start, threshold) == 0) continue;
-    for (int64_t i = start; i < end; ++i) {
-      if (!(w[i] > threshold)) continue;
-      out.push_back({w[i], static_cast<int32_t>(i)});
-      if (out.size() == capacity) {
-        std::nth_element(out.begin(), out.begin() + (k - 1), out.end(), Before);
-        out.resize(k);
-        threshold = out[k - 1].w;
-      }
-    }
-  }
-  if (out.size() > k) {
-    std::nth_element(out.begin(), out.begin() + (k - 1), out.end(), Before);
-    out.resize(k);
-  }
-}
-
 // Tokens with w >= cut (w > 0 when cut is 0): how many, and their mass.
 std::pair<int64_t, double> CountAtLeast(const float* w, int64_t n, float cut) {
   int64_t count = 0;
@@ -251,19 +188,19 @@ size_t CrossingByMass(std::vector<Candidate>& c, size_t lo, size_t hi, double ta
   while (hi - lo > 16) {
     const size_t p = Partition(c, lo, hi);
     double mass = 0.0;
-    for (size_t j = lo; j < p; ++j) mass += c[j].w;
+    for (size_t j = lo; j < p; ++j) mass += c[j].value;
     if (reaches(before + mass)) {
       hi = p;
-    } else if (reaches(before + mass + c[p].w)) {
+    } else if (reaches(before + mass + c[p].value)) {
       return p;
     } else {
-      before += mass + c[p].w;
+      before += mass + c[p].value;
       lo = p + 1;
     }
   }
   std::sort(c.begin() + lo, c.begin() + hi, Before);
   for (size_t j = lo; j < hi; ++j) {
-    before += c[j].w;
+    before += c[j].value;
     if (reaches(before)) return j;
   }
   return hi;
@@ -278,7 +215,7 @@ int64_t DrawFromCandidates(std::vector<Candidate>& c, double mass, double top_p,
   const size_t kept = top_p < 1.0 ? std::min(c.size(), CrossingByMass(c, 0, c.size(), top_p * mass, true) + 1)
                                   : c.size();
   double kept_mass = 0.0;
-  for (size_t j = 0; j < kept; ++j) kept_mass += c[j].w;
+  for (size_t j = 0; j < kept; ++j) kept_mass += c[j].value;
   const size_t drawn = CrossingByMass(c, 0, kept, u * kept_mass, false);
   if (drawn < kept) return c[drawn].id;
   return std::min_element(c.begin(), c.begin() + kept, [](const Candidate& a, const Candidate& b) {
@@ -292,9 +229,9 @@ int64_t DrawFiltered(const float* w, int64_t n, const Weights& weights, int64_t 
     GatherNucleus(w, n, weights, top_p, candidates);
     return DrawFromCandidates(candidates, weights.total, top_p, u);
   }
-  GatherTopK(w, n, top_k, candidates);
+  GatherTopK(w, n, top_k, /*positive_only=*/true, candidates);
   double mass = 0.0;
-  for (const Candidate& t : candidates) mass += t.w;
+  for (const Candidate& t : candidates) mass += t.value;
   return DrawFromCandidates(candidates, mass, top_p, u);
 }
 

@@ -9,6 +9,7 @@ probability equals, within 1e-5 relative, that of the token holding u (such near
 way in float32). The compiled and the numpy tokens must both pass, and differ on at most a few rows. Filter parameters are nudged, by construction, away from thresholds that a token sits on
 (within 1e-4 relative for min-p, 1e-5 of the mass for top-p, 1e-5 relative between the k-th and
 k+1-th weights for top-k), so the kept set is the same for every implementation.
+Logprobs: ids and ranks exactly (they compare logits only), logprobs within 1e-5 absolute (the op's exp).
 Penalties: rtol 1e-6 (the op may multiply by 1 / repetition where numpy divides), atol 1e-6 (where
 the subtraction of frequency and presence penalties cancels).
 """
@@ -21,9 +22,11 @@ import pytest
 from scipy.stats import chisquare
 
 from fastdeploy.model_executor.layers.sample.draw import sample_rows
+from fastdeploy.model_executor.layers.sample.logprobs import compute_logprobs
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_penalties
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
+from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.model_executor.ops.sampling import apply_penalties_, top_k_top_p_min_p_sampling
 from fastdeploy.platforms.cpu import set_paddle_threads
 
@@ -36,6 +39,7 @@ def compiled():
     with fallbacks_forced(False):
         assert compiled_op("fd_top_k_top_p_min_p_sampling") is not None, "the compiled sampling op is not built"
         assert compiled_op("fd_apply_penalties_") is not None, "the compiled penalties op is not built"
+        assert compiled_op("fd_token_logprobs") is not None, "the compiled logprobs op is not built"
         yield
 
 
@@ -268,6 +272,52 @@ def test_penalty_entries_outside_the_logits_raise():
         apply_penalties_(logits, bad)
 
 
+# ---- logprobs ---------------------------------------------------------------------------------------
+def assert_logprobs_equal(got, want):
+    np.testing.assert_array_equal(got.top_ids, want.top_ids)
+    np.testing.assert_array_equal(got.top_ranks, want.top_ranks)
+    np.testing.assert_array_equal(got.token_ranks, want.token_ranks)
+    np.testing.assert_allclose(got.top_logprobs, want.top_logprobs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, atol=1e-5, rtol=0)
+    assert got.top_ids.dtype == np.int64 and got.top_logprobs.dtype == np.float32
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_logprobs_match_the_reference_with_ties_and_banned_tokens(seed):
+    """Integer logits (many exact ties, some straddling the top-k cut), -inf entries, k from 0 to the
+    vocabulary (beyond the finite entries too)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        m, vocab = int(rng.integers(1, 5)), int(rng.integers(1, 80))
+        logits = rng.integers(-4, 4, (m, vocab)).astype(np.float32)
+        if rng.random() < 0.5:
+            logits[rng.random((m, vocab)) < 0.4] = -np.inf
+            logits[:, 0] = 2.0
+        tokens = np.array([rng.choice(np.flatnonzero(np.isfinite(row))) for row in logits])
+        k = int(rng.integers(0, vocab + 1))
+        assert_logprobs_equal(token_logprobs(logits, tokens, k), compute_logprobs(logits, tokens, k))
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 64, 100000])
+def test_compiled_logprobs_match_the_reference_on_a_large_vocabulary(k):
+    rng = np.random.default_rng(k)
+    logits = make_logits("peaked", 6, 49152, rng)
+    tokens = np.array([rng.choice(np.flatnonzero(np.isfinite(row))) for row in logits])
+    got = token_logprobs(logits, tokens, k)
+    assert got.top_ids.shape == (6, min(k, 49152))
+    assert_logprobs_equal(got, compute_logprobs(logits, tokens, k))
+
+
+def test_logprobs_fallback_runs_the_reference_row_by_row():
+    logits = make_logits("flat", 3, 500, np.random.default_rng(1))
+    tokens = np.array([7, 8, 9])
+    with fallbacks_forced():
+        got = token_logprobs(logits, tokens, 4)
+    want = compute_logprobs(logits, tokens, 4)
+    for name in ("top_ids", "top_logprobs", "top_ranks", "token_logprobs", "token_ranks"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
 # ---- the sampler end to end -------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
 def test_sample_with_compiled_ops_equals_sample_with_fallbacks(mode):
@@ -292,7 +342,7 @@ def test_sample_with_compiled_ops_equals_sample_with_fallbacks(mode):
         top_k[r], top_p[r], min_p[r] = settled_filters(w, *filters[r][1:])
         references[r] = draw_order(w, int(top_k[r]), top_p[r], min_p[r])
     md = SamplingMetadata(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, uniforms=uniforms,
-                          banned=banned, penalties=penalties, num_logprobs=np.array([(-1, 0, 3)[r % 3] for r in range(rows)]),
+                          banned=banned, penalties=penalties, num_logprobs=np.array([(-1, 0, 3, 8)[r % 4] for r in range(rows)]),
                           logprobs_mode=mode)
 
     out = sample(paddle.to_tensor(logits), md)
@@ -308,7 +358,9 @@ def test_sample_with_compiled_ops_equals_sample_with_fallbacks(mode):
     for r, (got, want) in enumerate(zip(out.logprobs, reference.logprobs)):
         assert (got is None) == (want is None)
         if got is not None:
+            assert got.top_ids.shape == want.top_ids.shape == (1, md.num_logprobs[r])
             np.testing.assert_array_equal(got.top_ids, want.top_ids)
-            np.testing.assert_allclose(got.top_logprobs, want.top_logprobs, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got.top_logprobs, want.top_logprobs, rtol=0, atol=1e-5)
             if out.token_ids[r] == reference.token_ids[r]:
-                np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, rtol=1e-6, atol=1e-6)
+                np.testing.assert_allclose(got.token_logprobs, want.token_logprobs, rtol=0, atol=1e-5)
+                np.testing.assert_array_equal(got.token_ranks, want.token_ranks)

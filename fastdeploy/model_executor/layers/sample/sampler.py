@@ -13,14 +13,16 @@ The work is done on a zero-copy numpy view (DLPack) of the Paddle logits: for th
 ([rows, vocab ~50k], float32) Paddle's CPU kernels are far slower (log_softmax [32, 49152] takes
 seconds, topk(1024) 28 ms), and every step below is O(vocab) per row. Penalties and the draw run in
 the compiled ops when they are built (ops/sampling.py: custom_ops/cpu_ops/penalties.cc and
-sampling.cc, ~0.05 ms per row), else in numpy (penalties.py, draw.py: the reference).
+sampling.cc, ~0.05 ms per row; logprobs: ops/logprobs.py), else in numpy (penalties.py, draw.py,
+logprobs.py: the references).
 """
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from fastdeploy.model_executor.layers.sample.logprobs import compute_logprobs
+from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_bans
+from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.model_executor.ops.sampling import apply_penalties_, top_k_top_p_min_p_sampling
 
 RAW = "raw_logprobs"  # the other mode: "processed_logprobs"
@@ -61,9 +63,16 @@ def sample(logits, md: SamplingMetadata) -> SamplerOutput:
     logprobs = [None] * rows
     if len(wants):
         source = raw if raw is not None else _divided_by_temperature(x[wants], md.temperature[wants])
-        for i, r in enumerate(wants):  # row by row: small temporaries stay in cache
-            logprobs[r] = compute_logprobs(source[i : i + 1], tokens[r : r + 1], int(md.num_logprobs[r]))
+        found = token_logprobs(source, tokens[wants], int(md.num_logprobs[wants].max()))  # top k of the largest k
+        for i, r in enumerate(wants):
+            logprobs[r] = _one_row(found, i, int(md.num_logprobs[r]))
     return SamplerOutput(tokens, logprobs)
+
+
+def _one_row(found: LogprobsArrays, i: int, k: int) -> LogprobsArrays:
+    """Row i of `found` with its top k (the top lists are ordered, so a shorter one is a prefix)."""
+    return LogprobsArrays(found.top_ids[i : i + 1, :k], found.top_logprobs[i : i + 1, :k],
+                          found.top_ranks[i : i + 1, :k], found.token_logprobs[i : i + 1], found.token_ranks[i : i + 1])
 
 
 def _divided_by_temperature(rows: np.ndarray, temperature: np.ndarray) -> np.ndarray:
