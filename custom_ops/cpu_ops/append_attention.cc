@@ -276,7 +276,7 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
   const int64_t dim = g.head_dim, group = g.group, token = in.cu_seqlens[item.request];
   const int64_t context = in.history[item.request] + 1;
   const int64_t* blocks = in.block_tables + item.request * g.max_blocks;
-  const int64_t stride = context + kLanes;  // room for the unused scores of a last partial 16
+  const int64_t stride = context + kLanes;  // room for a last partial 16 (scores or padding)
   scratch.floats.resize(group * (2 * dim + stride + 1));
   float* q = scratch.floats.data();      // [group, dim], scaled
   float* o = q + group * dim;     // [group, dim]
@@ -288,13 +288,15 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
     const float* k = BlockRows(in.key_cache, g, blocks[start / g.block_size], item.kv_head);
     DecodeScores(q, group, k, std::min(g.block_size, context - start), g.block_size, dim, s + start, stride);
   }
+  const int64_t padded = (context + kLanes - 1) / kLanes * kLanes;  // whole vectors: no scalar exp tail
   for (int64_t h = 0; h < group; ++h) {
     float* row = s + h * stride;
+    std::fill(row + context, row + padded, kMasked);  // each adds exp(kExpFloor) ~ 2e-35 to the sum
     float top = row[0];
     for (int64_t t = 1; t < context; ++t) top = std::max(top, row[t]);
     float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < context; ++t) {
+    for (int64_t t = 0; t < padded; ++t) {
       row[t] = std::exp(std::max(row[t] - top, kExpFloor));
       sum += row[t];
     }
