@@ -152,3 +152,15 @@ def test_op_rejects_bad_indices(field, value, message):
     args = [paddle.to_tensor(arrays[k]) for k in ("slot_mapping", "cu_seqlens_q", "seq_lens_decoder", "block_tables")]
     with pytest.raises(OSError, match=message):  # Paddle's type for C++ errors
         op(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *args, 4, 0.125)
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_shim_rejects_a_strided_cache(forced):
+    """Paddle hands ops a contiguous copy of a strided tensor: the cache writes would be lost."""
+    rng = np.random.default_rng(13)
+    cache, meta, qkv = make_step(rng, 4, 1, 64, [(3, 2)])
+    wide = paddle.zeros([cache.key_tensor.shape[0], 2, BLOCK_SIZE, 64])
+    index = [paddle.to_tensor(a) for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
+                                            meta.block_tables)]
+    with fallbacks_forced(forced), pytest.raises(ValueError, match="contiguous"):
+        append_attention(paddle.to_tensor(qkv), wide[:, :1], cache.value_tensor, *index, 4, 0.125)

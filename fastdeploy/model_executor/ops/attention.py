@@ -20,7 +20,8 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
     qkv: [n, (num_heads + 2 kv_heads) * head_dim] contiguous float32, each row q heads | k heads |
         v heads, RoPE already applied to q and k.
     key_cache, value_cache: [num_blocks, kv_heads, block_size, head_dim] contiguous float32
-        (FastDeploy's layout); row t's K and V are written at slot_mapping[t].
+        (FastDeploy's layout); row t's K and V are written at slot_mapping[t]. ValueError for a
+        strided view (Paddle would hand the op a copy, and the writes would be lost).
     slot_mapping: [n] int64, block * block_size + offset of each row's token.
     cu_seqlens_q: [bs + 1] int64, request i owns rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1.
     seq_lens_decoder: [bs] int64, tokens of request i already cached before this step.
@@ -31,6 +32,8 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
     The compiled op checks shapes, block ids and slots and raises OSError (Paddle's type for C++
     errors) naming the bad input; the Paddle path indexes as given.
     """
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("append_attention writes the caches in place and needs contiguous tensors, got a strided view")
     _, kv_heads, block_size, head_dim = key_cache.shape
     op = compiled_append_attention(head_dim, block_size)
     if op is not None:
