@@ -48,18 +48,24 @@ constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of 
 // would pay, use the others.
 constexpr int64_t kParallelWork = int64_t(1) << 24;
 
-// The first i with x[i] == value: a vectorised any() per chunk of 256, then a scan of that chunk.
-int64_t FirstIndexOf(const float* x, int64_t n, float value) {
-  constexpr int64_t kChunk = 256;
-  int64_t start = 0;
-  for (; start + kChunk <= n; start += kChunk) {
-    int hits = 0;
-    for (int64_t i = start; i < start + kChunk; ++i) hits += x[i] == value;
-    if (hits) break;
+// The first index of the maximum in one pass: the maximum of each chunk of 256 (vectorised), the
+// first chunk holding the row's maximum, then a scan of that chunk. 0 for a row of NaNs.
+int64_t Argmax(const float* x, int64_t n) {
+  constexpr int64_t kSpan = 256;
+  float best = x[0];
+  int64_t best_start = 0;
+  for (int64_t start = 0; start < n; start += kSpan) {
+    const int64_t end = std::min(n, start + kSpan);
+    float m = x[start];
+    for (int64_t i = start + 1; i < end; ++i) m = x[i] > m ? x[i] : m;
+    if (m > best) {
+      best = m;
+      best_start = start;
+    }
   }
-  for (int64_t i = start; i < n; ++i)
-    if (x[i] == value) return i;
-  return 0;  // value not found (NaN logits): token 0, never an index out of range
+  for (int64_t i = best_start; i < std::min(n, best_start + kSpan); ++i)
+    if (x[i] == best) return i;
+  return 0;
 }
 
 struct Weights {
@@ -244,14 +250,15 @@ struct Scratch {
 int64_t SampleRow(const float* x, int64_t vocab, const double* p, Scratch& scratch) {
   const double temperature = p[0], top_p = p[2], u = p[4];
   const int64_t top_k = p[1] < static_cast<double>(vocab) ? static_cast<int64_t>(p[1]) : vocab;
+  if (temperature <= 0.0) return Argmax(x, vocab);
   const float max_x = RowMax(x, vocab);
-  if (temperature <= 0.0 || !(max_x > -FLT_MAX)) return FirstIndexOf(x, vocab, max_x);  // greedy, or all -inf
+  if (!(max_x > -FLT_MAX)) return Argmax(x, vocab);  // every logit -inf
   float* w = scratch.w.get();
   const Weights weights = ComputeWeights(x, vocab, max_x, static_cast<float>(temperature),
                                          static_cast<float>(p[3]), w, scratch.block_sums);
   const int64_t id = top_k <= 0 && top_p >= 1.0 ? DrawById(w, vocab, scratch.block_sums, weights.total, u)
                                                  : DrawFiltered(w, vocab, weights, top_k, top_p, u, scratch.candidates);
-  return id >= 0 ? id : FirstIndexOf(x, vocab, max_x);  // -1: no positive weight (NaN logits)
+  return id >= 0 ? id : Argmax(x, vocab);  // -1: no positive weight (NaN logits)
 }
 }  // namespace
 
