@@ -5,7 +5,7 @@ request's new query tokens over everything its sequence has in the cache, causal
 the fused projection `qkv [num_tokens, (heads + 2 kv_heads) * head_dim]` with RoPE applied.
 
 When the custom ops are built (custom_ops/cpu_ops/append_attention.cc) and the shapes suit the op
-(head_dim a multiple of 16, block_size of 4), each layer is one op call that writes the cache and
+(head_dim a multiple of 16, block_size a multiple of 4), each layer is one op call that writes the cache and
 attends in place through the block tables; the step's metadata is then four int64 tensors shared
 by all layers. Otherwise (fallbacks forced, no compiler) the pure-Paddle path below runs, which is
 the op's reference; tests run both against each other.
