@@ -178,10 +178,11 @@ void LargeM(const float* x, const uint8_t* w, int64_t qtype, int64_t M, int64_t 
 
 // M >= kWideM: each dequantized weight is broadcast against 16 rows of x per vector. xt is x
 // transposed, [K, Mp] with Mp = M rounded up to 16 (zero padded). K is cut into chunks of kChunk so
-// that a chunk of xt stays in L1 while every W tile of the thread passes over it; partial sums of a
-// tile (kWideRows W rows x MV * 16 rows of x) live in `acc` between chunks.
+// that a chunk of xt stays in L1 while the W tiles of a panel (kPanelRows rows) pass over it;
+// partial sums of a tile (kWideRows W rows x MV * 16 rows of x) live in `acc` between chunks.
 constexpr int64_t kWideRows = 8;
-constexpr int64_t kChunk = 256;  // multiple of kBlock
+constexpr int64_t kChunk = 256;       // multiple of kBlock
+constexpr int64_t kPanelRows = 256;   // W rows whose partial sums are kept between K chunks
 
 template <int MV>
 void BroadcastKernel(const float* xt, int64_t Mp, const float* tile, int64_t kc, float* acc_out, bool first) {
@@ -204,31 +205,32 @@ void BroadcastKernel(const float* xt, int64_t Mp, const float* tile, int64_t kc,
 void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
            int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   const int64_t bytes = BlockBytes(qtype), row_bytes = K / kBlock * bytes;
-  const int64_t tiles = (n1 - n0 + kWideRows - 1) / kWideRows;
-  std::vector<float> acc(tiles * kWideRows * 32);  // per tile and 32-row chunk of x: [kWideRows][32]
-  tile.assign(kWideRows * kChunk, 0.f);             // rows past the end of W stay zero
+  std::vector<float> acc(kPanelRows * 32);  // partial sums of one panel: per tile [kWideRows][32]
+  tile.assign(kWideRows * kChunk, 0.f);     // rows past the end of W stay zero
   for (int64_t m = 0; m < M; m += 32) {
-    const int64_t mv = std::min<int64_t>(32, M - m) > 16 ? 2 : 1;
-    for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-      const int64_t kc = std::min(kChunk, K - k0);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t row0 = n0 + t * kWideRows, nr = std::min(kWideRows, n1 - row0);
-        for (int64_t j = 0; j < nr; ++j)
-          DequantRow(w + (row0 + j) * row_bytes + k0 / kBlock * bytes, qtype, bytes, kc / kBlock, tile.data() + j * kc);
-        float* a = acc.data() + t * kWideRows * 32;
-        if (mv == 2) {
-          BroadcastKernel<2>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
-        } else {
-          BroadcastKernel<1>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
+    const int64_t mv = std::min<int64_t>(32, M - m) > 16 ? 2 : 1, mr = std::min<int64_t>(32, M - m);
+    for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {  // a panel of W rows: its sums stay in L2
+      const int64_t p1 = std::min(n1, p0 + kPanelRows), tiles = (p1 - p0 + kWideRows - 1) / kWideRows;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t kc = std::min(kChunk, K - k0);
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t row0 = p0 + t * kWideRows, nr = std::min(kWideRows, p1 - row0);
+          for (int64_t j = 0; j < nr; ++j)
+            DequantRow(w + (row0 + j) * row_bytes + k0 / kBlock * bytes, qtype, bytes, kc / kBlock, tile.data() + j * kc);
+          float* a = acc.data() + t * kWideRows * 32;
+          if (mv == 2) {
+            BroadcastKernel<2>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
+          } else {
+            BroadcastKernel<1>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);
+          }
         }
       }
-    }
-    const int64_t mr = std::min<int64_t>(32, M - m);
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t row0 = n0 + t * kWideRows, nr = std::min(kWideRows, n1 - row0);
-      const float* a = acc.data() + t * kWideRows * 32;
-      for (int64_t i = 0; i < mr; ++i)
-        for (int64_t j = 0; j < nr; ++j) y[(m + i) * N + row0 + j] = a[j * mv * 16 + i];
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t row0 = p0 + t * kWideRows, nr = std::min(kWideRows, p1 - row0);
+        const float* a = acc.data() + t * kWideRows * 32;
+        for (int64_t i = 0; i < mr; ++i)
+          for (int64_t j = 0; j < nr; ++j) y[(m + i) * N + row0 + j] = a[j * mv * 16 + i];
+      }
     }
   }
 }
