@@ -18,9 +18,10 @@ from fastdeploy.engine.sched.scheduler import ScheduledRequest
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.bad_words import banned_now
-from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays, compute_logprobs
+from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, seen_tokens
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
+from fastdeploy.model_executor.ops.logprobs import token_logprobs
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows, vocab] temporaries)
 
@@ -109,7 +110,7 @@ class ModelRunner:
             k = self._num_logprobs(request.sampling_params.prompt_logprobs)
             for lo in range(0, len(indices), PROMPT_LOGPROBS_ROWS):
                 rows = np.asarray(indices[lo : lo + PROMPT_LOGPROBS_ROWS])
-                arrays = compute_logprobs(x[rows], actual[lo : lo + len(rows)], k)
+                arrays = token_logprobs(x[rows], actual[lo : lo + len(rows)], k)
                 results.append(PromptLogprobs(request, positions[lo : lo + len(rows)] + 1, arrays))
         return results
 
