@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
-from fastdeploy.model_executor.layers.linear import LinearWeight
+from fastdeploy.model_executor.layers.linear import DENSE_FROM_ROWS, LinearWeight
 from fastdeploy.model_executor.model_loader.quantized import Q4_0, Q4_1, Q8_0, QuantizedTensor
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 
@@ -111,3 +111,15 @@ def test_linear_weight_rejects_a_wrong_shape():
     weight = LinearWeight(64, 16)
     with pytest.raises(ValueError, match=r"has shape \[16, 32\], expected \[16, 64\]"):
         weight.load(None, np.zeros((16, 32), np.float32))
+
+
+def test_quantized_weight_uses_a_dense_copy_from_many_rows():
+    rng = np.random.default_rng(8)
+    weight, dense = fused(rng, [(24, Q4_1), (8, Q4_1)])
+    few = rng.standard_normal((DENSE_FROM_ROWS - 1, 64)).astype(np.float32)
+    assert_matmul_close(weight(paddle.to_tensor(few)).numpy(), few, dense)
+    assert weight.dense is None  # few rows: computed on the blocks
+    many = rng.standard_normal((DENSE_FROM_ROWS, 64)).astype(np.float32)
+    assert_matmul_close(weight(paddle.to_tensor(many)).numpy(), many, dense)
+    assert weight.blocks is not None
+    np.testing.assert_array_equal(weight.dense.numpy(), dense.T)  # exactly the dequantized weights

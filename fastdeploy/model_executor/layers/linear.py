@@ -7,7 +7,8 @@ GGUF-quantized (`QuantizedTensor`: Q4_0, Q4_1, Q8_0) stay in their blocks when t
 4.5-8.5 bits per weight instead of 32 and dequantizes in registers, computing the same function as a
 float32 matmul on the dequantized weights (the values gguf-py's `dequantize` gives, which is what
 transformers loads). Otherwise (float checkpoints, mixed types, no compiled op) the weight is
-dequantized once at load into a dense [in, out] float32 tensor for `paddle.matmul`.
+dequantized once at load into a dense [in, out] float32 tensor for `paddle.matmul`. Quantized weights
+also get a dense copy the first time they multiply DENSE_FROM_ROWS rows or more (see there).
 """
 from typing import Optional
 
@@ -16,6 +17,13 @@ import paddle
 
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 from fastdeploy.model_executor.ops import compiled_op
+
+# Rows of x from which a quantized weight is multiplied as float32 by Paddle's GEMM (MKL) instead of
+# the block kernel: with many rows the matmul is compute-bound and MKL's kernel is faster than
+# dequantizing in registers (~1.3x at 32 rows here); with few rows it is bound by reading the
+# weights, 4-7x fewer bytes in blocks. The float32 copy is made on the first such call (prefill or a
+# large decode batch) and kept: memory then holds both.
+DENSE_FROM_ROWS = 16
 
 
 class LinearWeight:
@@ -50,9 +58,11 @@ class LinearWeight:
         self._copy_dense(start, array.dequantize() if isinstance(array, QuantizedTensor) else array)
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        # x: [..., in] -> [..., out]
-        if self.blocks is not None:
+        # x: [n, in] -> [n, out]
+        if self.blocks is not None and x.shape[0] < DENSE_FROM_ROWS:
             return self._op(x, self.blocks, self.qtype)
+        if self.dense is None:  # first large batch of a quantized weight: dequantize once, keep both
+            self._copy_dense(0, QuantizedTensor(self.blocks.numpy(), self.qtype, self.in_features).dequantize())
         return paddle.matmul(x, self.dense)
 
     def _assemble_blocks(self) -> None:
