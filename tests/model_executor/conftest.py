@@ -15,3 +15,12 @@ def attention_impl(request):
         if request.param == "compiled_ops":
             assert compiled_ops() is not None, "the compiled custom ops failed to build on this machine"
         yield request.param
+
+
+@pytest.fixture
+def ops_enabled():
+    """Compiled ops available to the test even under FD_DISABLE_CUSTOM_OPS=1 (op tests compare both paths)."""
+    from fastdeploy.model_executor.ops import fallbacks_forced
+
+    with fallbacks_forced(False):
+        yield

@@ -18,6 +18,8 @@ from fastdeploy.model_executor.layers.attention import (AppendAttentionInputs, K
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 from fastdeploy.model_executor.ops.attention import append_attention
 
+pytestmark = pytest.mark.usefixtures("ops_enabled")  # op tests run the compiled op even when fallbacks are forced
+
 BLOCK_SIZE = 16
 TOLERANCE = 1e-5
 # (history, new tokens) per request: decodes at/around block boundaries, prefills with and without

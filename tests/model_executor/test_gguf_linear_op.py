@@ -14,6 +14,8 @@ from fastdeploy.model_executor.layers.linear import DENSE_FROM_ROWS, LinearWeigh
 from fastdeploy.model_executor.model_loader.quantized import Q4_0, Q4_1, Q8_0, QuantizedTensor
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 
+pytestmark = pytest.mark.usefixtures("ops_enabled")  # op tests run the compiled op even when fallbacks are forced
+
 QTYPES = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0}
 
 
