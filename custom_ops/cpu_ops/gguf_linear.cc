@@ -79,19 +79,16 @@ inline void DequantBlock(const uint8_t* b, int64_t qtype, __m512& w0, __m512& w1
     w1 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), d, kRound);
     return;
   }
+  // 4-bit types: the block's 16 possible weights in one register, rounded as gguf-py rounds them, then
+  // looked up per nibble (vpermps reads the low 4 bits of each index, so no masking is needed).
   const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (qtype == kQ4_1 ? 4 : 2)));
-  const __m128i mask = _mm_set1_epi8(15);
-  __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, mask));
-  __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask));
-  if (qtype == kQ4_1) {
-    const __m512 m = _mm512_set1_ps(Half(b + 2));
-    w0 = _mm512_add_round_ps(_mm512_mul_round_ps(_mm512_cvtepi32_ps(lo), d, kRound), m, kRound);
-    w1 = _mm512_add_round_ps(_mm512_mul_round_ps(_mm512_cvtepi32_ps(hi), d, kRound), m, kRound);
-    return;
-  }
-  const __m512i eight = _mm512_set1_epi32(8);
-  w0 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)), d, kRound);
-  w1 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)), d, kRound);
+  const __m512i lo = _mm512_cvtepu8_epi32(q), hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4));
+  const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 table = qtype == kQ4_1
+                           ? _mm512_add_round_ps(_mm512_mul_round_ps(codes, d, kRound), _mm512_set1_ps(Half(b + 2)), kRound)
+                           : _mm512_mul_round_ps(_mm512_sub_ps(codes, _mm512_set1_ps(8.f)), d, kRound);
+  w0 = _mm512_permutexvar_ps(lo, table);
+  w1 = _mm512_permutexvar_ps(hi, table);
 }
 
 inline void DequantRow(const uint8_t* row, int64_t qtype, int64_t bytes, int64_t blocks, float* w) {
