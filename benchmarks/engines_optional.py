@@ -12,8 +12,8 @@ from pathlib import Path
 class LlamaCpp:
     """llama.cpp through llama-cpp-python's low-level C API, all prompts as sequences of one context.
 
-    The weights are used as the GGUF stores them (for the default model: Q4_1, llama.cpp's own
-    quantized kernels), not dequantized to fp32 like the other engines. Batched generation: one
+    The weights are used as the GGUF stores them (for the default model: Q4_1) by llama.cpp's own
+    quantized kernels, which also quantize the activations. Batched generation: one
     `llama_decode` call holds every prompt's tokens (each tagged with its sequence id, logits only
     for each prompt's last token), then one call per step holds one token per sequence; the next
     token of each sequence is the argmax of its logits (greedy, EOS never stops a sequence).
