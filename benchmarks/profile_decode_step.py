@@ -29,6 +29,9 @@ CATEGORIES = {
         ("fastdeploy.model_executor.layers.decoder_layer", "paddle.matmul"),
         ("fastdeploy.model_executor.models.causal_lm", "paddle.matmul"),
     ],
+    "layer (fused)": [  # the one-call decoder layer: its GEMMs, attention, norms, rotary and activation
+        ("fastdeploy.model_executor.layers.decoder_layer", "DecoderLayer._fused_forward"),
+    ],
     "attention": [
         ("fastdeploy.model_executor.layers.attention", "PaddleAttentionBackend.forward"),
         ("fastdeploy.model_executor.layers.attention", "PaddleAttentionBackend.init_attention_metadata"),

@@ -59,11 +59,17 @@ class LinearWeight:
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, in] -> [n, out]
-        if self.blocks is not None and x.shape[0] < DENSE_FROM_ROWS:
-            return self._op(x, self.blocks, self.qtype)
+        weight, qtype = self.operand(x.shape[0])
+        return self._op(x, weight, qtype) if qtype else paddle.matmul(x, weight)
+
+    def operand(self, rows: int) -> tuple[paddle.Tensor, int]:
+        """What multiplies `rows` rows of x: (GGUF blocks, ggml type id) below DENSE_FROM_ROWS rows when
+        the weight has blocks, else (dense [in, out] float32, 0), made on the first such call."""
+        if self.blocks is not None and rows < DENSE_FROM_ROWS:
+            return self.blocks, self.qtype
         if self.dense is None:  # first large batch of a quantized weight: dequantize once, keep both
             self._copy_dense(0, QuantizedTensor(self.blocks.numpy(), self.qtype, self.in_features).dequantize())
-        return paddle.matmul(x, self.dense)
+        return self.dense, 0
 
     def _assemble_blocks(self) -> None:
         parts = [self._parts[key] for key in sorted(self._parts)]

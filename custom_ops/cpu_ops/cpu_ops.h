@@ -1,0 +1,26 @@
+// The CPU ops' host functions, for ops that compose them (decoder_layer.cc). Each is defined, with its
+// contract, in the file named beside it.
+#pragma once
+#include <vector>
+
+#include "paddle/extension.h"
+
+// gguf_linear.cc: y[M, N] = x[M, K] @ W^T on GGUF blocks W [N, K / 32 * block bytes] (qtype: ggml id)
+std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype);
+
+// rms_norm.cc: (rms_norm(x + residual), x + residual)
+std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,
+                                            const paddle::Tensor& weight, float eps);
+
+// rotary_embedding.cc: RoPE on the q and k heads of qkv [n, (heads + 2 kv_heads) * head_dim], in place
+void RotaryEmbedding(paddle::Tensor& qkv, const paddle::Tensor& positions, const paddle::Tensor& cos,
+                     const paddle::Tensor& sin, int num_heads, int num_kv_heads, int head_dim);
+
+// append_attention.cc: K/V of qkv written into the paged caches, then causal GQA attention -> [n, heads * head_dim]
+std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const paddle::Tensor& key_cache,
+                                            const paddle::Tensor& value_cache, const paddle::Tensor& slot_mapping,
+                                            const paddle::Tensor& cu_seqlens_q, const paddle::Tensor& seq_lens_decoder,
+                                            const paddle::Tensor& block_tables, int num_heads, float scale);
+
+// swiglu.cc: silu(gate) * up of gate_up [n, 2 * inter] -> [n, inter]
+std::vector<paddle::Tensor> SiluAndMul(const paddle::Tensor& gate_up);
