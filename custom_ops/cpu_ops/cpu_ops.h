@@ -5,8 +5,9 @@
 
 #include "paddle/extension.h"
 
-// gguf_linear.cc: y[M, N] = x[M, K] @ W^T on GGUF blocks W [N, K / 32 * block bytes] (qtype: ggml id)
-std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype);
+// gguf_linear.cc: y[M, N] = x[M, K] @ W^T on GGUF blocks W in gguf_interleave_rows' layout (qtype: ggml id)
+std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
+                                       int64_t out_features);
 
 // rms_norm.cc: (rms_norm(x + residual), x + residual)
 std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,

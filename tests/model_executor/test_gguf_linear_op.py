@@ -11,7 +11,8 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers.linear import DENSE_FROM_ROWS, LinearWeight
-from fastdeploy.model_executor.model_loader.quantized import Q4_0, Q4_1, Q8_0, QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import (Q4_0, Q4_1, Q8_0, QuantizedTensor,
+                                                              blocks_from_interleaved)
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 
 pytestmark = pytest.mark.usefixtures("ops_enabled")  # op tests run the compiled op even when fallbacks are forced
@@ -31,10 +32,25 @@ def assert_matmul_close(y, x, w):
     assert np.all(np.abs(y - ref) <= bound), f"max error {np.abs(y - ref).max():.3g}"
 
 
-def op():
-    gguf_linear = compiled_op("gguf_linear")
-    assert gguf_linear is not None, "the compiled custom ops failed to build on this machine (see the log)"
-    return gguf_linear
+def compiled(name):
+    found = compiled_op(name)
+    assert found is not None, "the compiled custom ops failed to build on this machine (see the log)"
+    return found
+
+
+def linear(x: np.ndarray, w: QuantizedTensor) -> np.ndarray:
+    """The op on w's blocks after gguf_interleave_rows, as the engine runs it."""
+    packed = compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks), w.qtype)
+    return compiled("gguf_linear")(paddle.to_tensor(x), packed, w.qtype, w.shape[0]).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+@pytest.mark.parametrize("rows", [1, 4, 7, 37])
+def test_interleaved_layout_round_trips_to_gguf_blocks(name, rows):
+    w = quantized(np.random.default_rng(rows), rows, 96, QTYPES[name])
+    packed = compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks), w.qtype).numpy()
+    assert packed.shape[0] == -(-rows // 4)
+    np.testing.assert_array_equal(blocks_from_interleaved(packed, w.qtype, rows), w.blocks)
 
 
 @pytest.mark.parametrize("name", sorted(QTYPES))
@@ -42,7 +58,7 @@ def test_dequantized_weights_equal_gguf_py(name):
     rng = np.random.default_rng(1)
     w = quantized(rng, 37, 96, QTYPES[name])
     eye = paddle.eye(96)  # y = I @ W^T = W^T: every weight through the op alone
-    got = op()(eye, paddle.to_tensor(w.blocks), w.qtype).numpy().T
+    got = linear(eye.numpy(), w).T
     np.testing.assert_array_max_ulp(got, w.dequantize(), maxulp=1)
 
 
@@ -53,7 +69,7 @@ def test_op_matches_numpy_matmul(name, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
     w = quantized(rng, n, k, QTYPES[name])
     x = rng.standard_normal((m, k)).astype(np.float32)
-    y = op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), w.qtype).numpy()
+    y = linear(x, w)
     assert y.shape == (m, n)
     assert_matmul_close(y, x, w.dequantize())
 
@@ -62,13 +78,19 @@ def test_op_keeps_leading_dims_and_rejects_bad_input():
     rng = np.random.default_rng(2)
     w = quantized(rng, 8, 64, Q8_0)
     x = rng.standard_normal((2, 3, 64)).astype(np.float32)
-    y = op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), w.qtype).numpy()
+    y = linear(x, w)
     assert y.shape == (2, 3, 8)
     assert_matmul_close(y.reshape(6, 8), x.reshape(6, 64), w.dequantize())
+    packed = compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks), w.qtype)
+    op = compiled("gguf_linear")
     with pytest.raises(Exception, match="unsupported GGUF type"):
-        op()(paddle.to_tensor(x), paddle.to_tensor(w.blocks), 12)
-    with pytest.raises(Exception, match="do not hold rows"):
-        op()(paddle.to_tensor(x[..., :32]), paddle.to_tensor(w.blocks), w.qtype)
+        op(paddle.to_tensor(x), packed, 12, 8)
+    with pytest.raises(Exception, match="does not hold 8 interleaved rows of 32"):
+        op(paddle.to_tensor(x[..., :32]), packed, w.qtype, 8)
+    with pytest.raises(Exception, match="does not hold 9 interleaved rows"):
+        op(paddle.to_tensor(x), packed, w.qtype, 9)
+    with pytest.raises(Exception, match="not whole blocks"):
+        compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks[:, :-1]), w.qtype)
 
 
 def fused(rng, parts):
@@ -95,7 +117,7 @@ def fused(rng, parts):
 def test_linear_weight_assembles_parts_in_row_order(parts, kept_quantized):
     rng = np.random.default_rng(len(parts))
     weight, dense = fused(rng, parts)
-    op()  # the compiled op is built, so only the types decide
+    compiled("gguf_linear")  # the compiled op is built, so only the types decide
     assert (weight.blocks is not None) == kept_quantized and (weight.dense is None) == kept_quantized
     x = rng.standard_normal((5, 64)).astype(np.float32)
     assert_matmul_close(weight(paddle.to_tensor(x)).numpy(), x, dense)

@@ -127,8 +127,8 @@ class DecoderLayer:
             hidden, residual, w["input_layernorm"], operands[0][0], operands[1][0], w["post_attention_layernorm"],
             operands[2][0], operands[3][0], positions, rope.cos, rope.sin_signed, kv_cache.key_tensor,
             kv_cache.value_tensor, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder, meta.block_tables,
-            [qtype for _, qtype in operands], self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
-            attention.scale,
+            [qtype for _, qtype in operands], self.num_heads, self.num_kv_heads, self.head_dim, self.mlp.inter,
+            self.eps, attention.scale,
         )
         return out, residual
 

@@ -3,8 +3,9 @@
 A `LinearWeight` is filled by the loader one checkpoint tensor at a time, each covering a range of
 its output features (fused projections such as qkv and gate_up take several). Tensors that arrive
 GGUF-quantized (`QuantizedTensor`: Q4_0, Q4_1, Q8_0) stay in their blocks when the compiled
-`gguf_linear` op is available and every part of the weight has the same type: a matmul then reads
-4.5-8.5 bits per weight instead of 32 and dequantizes in registers, computing the same function as a
+`gguf_linear` op is available and every part of the weight has the same type (rearranged once by
+`gguf_interleave_rows` into groups of 4 rows with float32 scales): a matmul then reads 5-9 bits per
+weight instead of 32 and dequantizes in registers, computing the same function as a
 float32 matmul on the dequantized weights (the values gguf-py's `dequantize` gives, which is what
 transformers loads). Otherwise (float checkpoints, mixed types, no compiled op) the weight is
 dequantized once at load into a dense [in, out] float32 tensor for `paddle.matmul`. Quantized weights
@@ -15,7 +16,7 @@ from typing import Optional
 import numpy as np
 import paddle
 
-from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor, blocks_from_interleaved
 from fastdeploy.model_executor.ops import compiled_op
 
 # Rows of x from which a quantized weight is multiplied as float32 by Paddle's GEMM (MKL) instead of
@@ -32,9 +33,10 @@ class LinearWeight:
     def __init__(self, in_features: int, out_features: int):
         self.in_features, self.out_features = in_features, out_features
         self.dense: Optional[paddle.Tensor] = None  # [in, out] float32
-        self.blocks: Optional[paddle.Tensor] = None  # [out, in / 32 * block bytes] uint8
+        self.blocks: Optional[paddle.Tensor] = None  # [ceil(out / 4), in / 32 * group bytes] uint8, interleaved
         self.qtype: Optional[int] = None  # ggml type id of `blocks`
         self._op = compiled_op("gguf_linear")
+        self._interleave = compiled_op("gguf_interleave_rows")
         self._parts: dict[tuple[int, int], QuantizedTensor] = {}  # quantized parts waiting for the rest
 
     @property
@@ -60,7 +62,7 @@ class LinearWeight:
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, in] -> [n, out]
         weight, qtype = self.operand(x.shape[0])
-        return self._op(x, weight, qtype) if qtype else paddle.matmul(x, weight)
+        return self._op(x, weight, qtype, self.out_features) if qtype else paddle.matmul(x, weight)
 
     def operand(self, rows: int) -> tuple[paddle.Tensor, int]:
         """What multiplies `rows` rows of x: (GGUF blocks, ggml type id) below DENSE_FROM_ROWS rows when
@@ -68,7 +70,8 @@ class LinearWeight:
         if self.blocks is not None and rows < DENSE_FROM_ROWS:
             return self.blocks, self.qtype
         if self.dense is None:  # first large batch of a quantized weight: dequantize once, keep both
-            self._copy_dense(0, QuantizedTensor(self.blocks.numpy(), self.qtype, self.in_features).dequantize())
+            blocks = blocks_from_interleaved(self.blocks.numpy(), self.qtype, self.out_features)
+            self._copy_dense(0, QuantizedTensor(blocks, self.qtype, self.in_features).dequantize())
         return self.dense, 0
 
     def _assemble_blocks(self) -> None:
@@ -76,8 +79,9 @@ class LinearWeight:
         if len({p.qtype for p in parts}) > 1:  # mixed types cannot share one block matrix
             self._densify_parts()
             return
-        self.blocks = paddle.to_tensor(np.concatenate([p.blocks for p in parts]) if len(parts) > 1 else parts[0].blocks)
+        blocks = np.concatenate([p.blocks for p in parts]) if len(parts) > 1 else parts[0].blocks
         self.qtype = parts[0].qtype
+        self.blocks = self._interleave(paddle.to_tensor(blocks), self.qtype)
         self._parts.clear()
 
     def _densify_parts(self) -> None:

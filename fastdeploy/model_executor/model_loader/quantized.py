@@ -7,6 +7,30 @@ import numpy as np
 Q4_0, Q4_1, Q8_0 = 2, 3, 8
 LINEAR_QTYPES = (Q4_0, Q4_1, Q8_0)
 
+# GGUF bytes per block: (scale and minimum bytes, quant bytes) as float16 headers then quants
+_GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
+ROW_GROUP = 4  # rows per group of the interleaved layout
+
+
+def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:
+    """GGUF's row-major blocks [rows, in / 32 * block bytes] back from the compiled op's layout.
+
+    packed: [ceil(rows / 4), in / 32 * group bytes] uint8 from `gguf_interleave_rows`
+    (custom_ops/cpu_ops/gguf_linear.cc): rows in groups of 4, per group and block column the 4 rows'
+    scales d as float32, then (Q4_1) their minimums m as float32, then their 4 quant runs. The scales
+    came from float16, so converting back is exact.
+    """
+    headers, quant = _GGUF_BLOCK[qtype]
+    scales = headers // 2  # 1 (d) or 2 (d, m)
+    groups, row_bytes = packed.shape
+    group_bytes = 16 * scales + ROW_GROUP * quant
+    columns = packed.reshape(groups, row_bytes // group_bytes, group_bytes)
+    floats = np.ascontiguousarray(columns[:, :, : 16 * scales]).view(np.float32)  # [groups, columns, scales * 4]
+    halves = floats.reshape(groups, -1, scales, ROW_GROUP).transpose(0, 1, 3, 2).astype(np.float16)
+    quants = columns[:, :, 16 * scales :].reshape(groups, -1, ROW_GROUP, quant)
+    blocks = np.concatenate([np.ascontiguousarray(halves).view(np.uint8), quants], axis=-1)  # [g, col, 4, bytes]
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(groups * ROW_GROUP, -1)[:rows]
+
 
 @dataclass
 class QuantizedTensor:
