@@ -20,11 +20,11 @@ from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor, bl
 from fastdeploy.model_executor.ops import compiled_op
 
 # Rows of x from which a quantized weight is multiplied as float32 by Paddle's GEMM (MKL) instead of
-# the block kernel: with many rows the matmul is compute-bound and MKL's kernel is faster than
-# dequantizing in registers (~1.3x at 32 rows here); with few rows it is bound by reading the
-# weights, 4-7x fewer bytes in blocks. The float32 copy is made on the first such call (prefill or a
-# large decode batch) and kept: memory then holds both.
-DENSE_FROM_ROWS = 16
+# the block kernel. Measured here (benchmarks/README.md): at 32 rows the block kernel is ~1.2x faster
+# on a hot weight and more in a model, where float32 weights stream from memory at 4-7x the bytes; from
+# 64 rows the matmul is compute-bound and MKL's kernel is faster (1.1x at 64, 1.5x at 256). The float32
+# copy is made on the first such call (a long prefill) and kept: memory then holds both.
+DENSE_FROM_ROWS = 64
 
 
 class LinearWeight:
