@@ -43,6 +43,17 @@ constexpr float kMasked = -1e30f;    // finite: -ffast-math assumes no infinitie
 constexpr float kExpFloor = -80.f;   // exp arguments are clamped here: exp(-80) ~ 2e-35 adds nothing,
                                      // and lower ones leave the vector exp's fast path
 constexpr int64_t kParallelFmas = 1 << 20;  // below this many multiply-adds per call: one thread
+constexpr int64_t kPrefetchRows = 32;       // decode: K/V rows read ahead by software prefetch (the
+                                            // hardware prefetcher stops at each 4 KB page; a decode
+                                            // batch's cache is read once per step, from memory)
+
+// Hint that the `rows` rows of `dim` floats at p will be read soon (one prefetch per cache line).
+inline void PrefetchRows(const float* p, int64_t rows, int64_t dim) {
+#ifdef __AVX512F__
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < rows * dim * 4; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+#endif
+}
 
 #ifdef __AVX512F__
 using Vec = __m512;
@@ -265,8 +276,10 @@ inline void Dot16(const float* q, const float* keys, int64_t dim, float* s) {
 void DecodeScores(const float* q, int64_t group, const float* keys, int64_t count, int64_t block_size,
                   int64_t dim, float* s, int64_t stride) {
   int64_t k = 0;
-  for (; k < count && k + kLanes <= block_size; k += kLanes)
+  for (; k < count && k + kLanes <= block_size; k += kLanes) {
+    if (k + kPrefetchRows < count) PrefetchRows(keys + (k + kPrefetchRows) * dim, kLanes, dim);
     for (int64_t h = 0; h < group; ++h) Dot16(q + h * dim, keys + k * dim, dim, s + h * stride + k);
+  }
   for (; k < count; ++k)
     for (int64_t h = 0; h < group; ++h) s[h * stride + k] = Dot(q + h * dim, keys + k * dim, dim);
 }
@@ -305,7 +318,12 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
   std::fill(o, o + group * dim, 0.f);
   for (int64_t start = 0; start < context; start += g.block_size) {
     const float* v = BlockRows(in.value_cache, g, blocks[start / g.block_size], item.kv_head);
-    AccumulateValues(s + start, 1, stride, group, v, std::min(g.block_size, context - start), dim, o);
+    const int64_t keys = std::min(g.block_size, context - start);
+    for (int64_t k = 0; k < keys; k += kLanes) {  // in slices, each prefetching the next one's rows
+      const int64_t slice = std::min(kLanes, keys - k);
+      if (k + kPrefetchRows < keys) PrefetchRows(v + (k + kPrefetchRows) * dim, std::min(kLanes, keys - k - kPrefetchRows), dim);
+      AccumulateValues(s + start + k, 1, stride, group, v + k * dim, slice, dim, o);
+    }
   }
   float* out = in.out + token * g.num_heads * dim + item.kv_head * group * dim;
   for (int64_t h = 0; h < group; ++h) {
