@@ -34,6 +34,7 @@
 #endif
 
 #include "paddle/extension.h"
+#include "vec_exp.h"
 
 namespace {
 
@@ -63,6 +64,11 @@ inline Vec Splat(float x) { return _mm512_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline float ReduceAdd(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float ReduceMax(Vec v) { return _mm512_reduce_max_ps(v); }
+inline Vec ExpOf(Vec v) { return fd_cpu::Exp(v); }
 inline Vec Gather(const float* base, const int32_t* offsets) {
   return _mm512_i32gather_ps(_mm512_loadu_si512(offsets), base, sizeof(float));
 }
@@ -108,6 +114,23 @@ inline float ReduceAdd(Vec v) {
   float s = 0.f;
   for (int64_t i = 0; i < kLanes; ++i) s += v.x[i];
   return s;
+}
+inline Vec Add(Vec a, Vec b) {
+  for (int64_t i = 0; i < kLanes; ++i) a.x[i] += b.x[i];
+  return a;
+}
+inline Vec Sub(Vec a, Vec b) {
+  for (int64_t i = 0; i < kLanes; ++i) a.x[i] -= b.x[i];
+  return a;
+}
+inline Vec Max(Vec a, Vec b) {
+  for (int64_t i = 0; i < kLanes; ++i) a.x[i] = std::max(a.x[i], b.x[i]);
+  return a;
+}
+inline float ReduceMax(Vec v) { return *std::max_element(v.x, v.x + kLanes); }
+inline Vec ExpOf(Vec v) {
+  for (int64_t i = 0; i < kLanes; ++i) v.x[i] = std::exp(v.x[i]);
+  return v;
 }
 inline Vec Gather(const float* base, const int32_t* offsets) {
   Vec v;
@@ -302,18 +325,19 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
     DecodeScores(q, group, k, std::min(g.block_size, context - start), g.block_size, dim, s + start, stride);
   }
   const int64_t padded = (context + kLanes - 1) / kLanes * kLanes;  // whole vectors: no scalar exp tail
+  const Vec floor = Splat(kExpFloor);
   for (int64_t h = 0; h < group; ++h) {
     float* row = s + h * stride;
     std::fill(row + context, row + padded, kMasked);  // each adds exp(kExpFloor) ~ 2e-35 to the sum
-    float top = row[0];
-    for (int64_t t = 1; t < context; ++t) top = std::max(top, row[t]);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < padded; ++t) {
-      row[t] = std::exp(std::max(row[t] - top, kExpFloor));
-      sum += row[t];
+    Vec top = Splat(kMasked), sum = Splat(0.f);
+    for (int64_t t = 0; t < padded; t += kLanes) top = Max(top, Load(row + t));
+    top = Splat(ReduceMax(top));
+    for (int64_t t = 0; t < padded; t += kLanes) {
+      const Vec p = ExpOf(Max(Sub(Load(row + t), top), floor));
+      Store(row + t, p);
+      sum = Add(sum, p);
     }
-    sums[h] = sum;
+    sums[h] = ReduceAdd(sum);
   }
   std::fill(o, o + group * dim, 0.f);
   for (int64_t start = 0; start < context; start += g.block_size) {
@@ -335,27 +359,21 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
 // Online softmax step over one key block, vectorised over rows. s: [keys, rp] scores -> probabilities
 // relative to the new running max; m, l: [rp] running max and sum; o: [rp, dim] rescaled.
 void SoftmaxStep(float* s, int64_t keys, int64_t rp, int64_t dim, float* m, float* l, float* alpha, float* o) {
-  float* top = alpha;  // reused: block max first, then the rescaling factor
-  std::copy(m, m + rp, top);
-  for (int64_t k = 0; k < keys; ++k) {
-    const float* row = s + k * rp;
-#pragma omp simd
-    for (int64_t r = 0; r < rp; ++r) top[r] = std::max(top[r], row[r]);
-  }
-#pragma omp simd
-  for (int64_t r = 0; r < rp; ++r) {
-    const float next = top[r];
-    alpha[r] = std::exp(std::max(m[r] - next, kExpFloor));
-    m[r] = next;
-    l[r] *= alpha[r];
-  }
-  for (int64_t k = 0; k < keys; ++k) {
-    float* row = s + k * rp;
-#pragma omp simd
-    for (int64_t r = 0; r < rp; ++r) {
-      row[r] = std::exp(std::max(row[r] - m[r], kExpFloor));
-      l[r] += row[r];
+  // rp is a multiple of kLanes: every loop over rows runs on whole vectors
+  const Vec floor = Splat(kExpFloor);
+  for (int64_t r = 0; r < rp; r += kLanes) {
+    Vec top = Load(m + r);
+    for (int64_t k = 0; k < keys; ++k) top = Max(top, Load(s + k * rp + r));
+    const Vec a = ExpOf(Max(Sub(Load(m + r), top), floor));
+    Store(alpha + r, a);
+    Store(m + r, top);
+    Vec sum = Mul(Load(l + r), a);
+    for (int64_t k = 0; k < keys; ++k) {
+      const Vec p = ExpOf(Max(Sub(Load(s + k * rp + r), top), floor));
+      Store(s + k * rp + r, p);
+      sum = Add(sum, p);
     }
+    Store(l + r, sum);
   }
   for (int64_t r = 0; r < rp; ++r)
     for (int64_t d = 0; d < dim; ++d) o[r * dim + d] *= alpha[r];

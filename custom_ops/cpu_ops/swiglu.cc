@@ -5,7 +5,7 @@
 // gate_up: [n, 2 * inter] (gate = gate_up[:, :inter], up = gate_up[:, inter:]);
 // out:     [n, inter]
 // Reference: Paddle's F.swiglu with one input (the fallback in fastdeploy/model_executor/ops/activation.py).
-// exp is our own AVX-512 range-reduced polynomial (below), within ~2 ulp of exp in float64; without
+// exp is our own AVX-512 range-reduced polynomial (vec_exp.h), within ~2 ulp of exp in float64; without
 // AVX-512 the loop calls std::exp. exp's argument is clamped to [-87.3, 88.7] (finite results), so
 // silu(g) for g < -87.3 comes out as g * ~1e-38 instead of g * exp(g): both round to 0 at the
 // precision of anything downstream. OpenMP over rows only for large batches (prefill).
@@ -18,27 +18,15 @@
 #endif
 
 #include "paddle/extension.h"
+#include "vec_exp.h"
 
 namespace {
+using fd_cpu::kExpMax;
+using fd_cpu::kExpMin;
 constexpr int64_t kParallelElements = 1 << 17;
-constexpr float kExpMin = -87.3f, kExpMax = 88.7f;
 
 #ifdef __AVX512F__
-// exp(x), x clamped to [kExpMin, kExpMax]: x = k ln2 + r with k = round(x / ln2), |r| <= ln2 / 2
-// (ln2 split in a 9-bit head, exact in k * head, and a tail: Cody-Waite), exp(r) by its degree-7
-// Taylor polynomial (truncation error < r^8 / 8! < 6e-9 relative), then times 2^k with scalef.
-inline __m512 Exp(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440054690583e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  for (float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) {
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  }
-  return _mm512_scalef_ps(p, k);
-}
+using fd_cpu::Exp;
 
 // 1 / a for a in [1, 2^126]: rcp14 (relative error < 2^-14) and one Newton step (error ~2^-28 plus
 // rounding, within 1 ulp); cheaper than a vector division, whose throughput bounds this loop otherwise.

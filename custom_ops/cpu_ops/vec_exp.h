@@ -1,0 +1,33 @@
+// exp on 16 floats at once (AVX-512), shared by the CPU ops that need many exponentials per call
+// (SwiGLU, softmax in attention): glibc's vector exp is only reached when the compiler vectorises a
+// loop, and GCC peels misaligned heads into scalar expf calls.
+//
+// x = k ln2 + r with k = round(x / ln2), |r| <= ln2 / 2 (ln2 split in a 9-bit head, exact in k * head,
+// and a tail: Cody-Waite), exp(r) by its degree-7 Taylor polynomial (truncation error < r^8 / 8! < 6e-9
+// relative), then times 2^k with scalef: within ~2 ulp of exp in float64. x is clamped to
+// [kExpMin, kExpMax], so results are finite and normal (exp(-87.3) ~ 1.2e-38).
+#pragma once
+
+namespace fd_cpu {
+constexpr float kExpMin = -87.3f, kExpMax = 88.7f;
+}  // namespace fd_cpu
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+namespace fd_cpu {
+
+inline __m512 Exp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440054690583e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040.f);
+  for (float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f}) {
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  }
+  return _mm512_scalef_ps(p, k);
+}
+}  // namespace fd_cpu
+#endif
