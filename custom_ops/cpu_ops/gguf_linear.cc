@@ -246,9 +246,18 @@ void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, 
     const int64_t mv = std::min<int64_t>(32, M - m) > 16 ? 2 : 1, mr = std::min<int64_t>(32, M - m);
     for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {  // a panel of W rows: its sums stay in L2
       const int64_t p1 = std::min(n1, p0 + kPanelRows), tiles = (p1 - p0 + kWideRows - 1) / kWideRows;
+      // The next panel's weights (whole groups, so one contiguous range) are prefetched into L2, a
+      // slice per tile step: the panel's own reads jump between groups and defeat the hardware
+      // prefetcher (batch-32 decode layers: 10% faster here).
+      const uint8_t* next = w + (p1 / kGroup) * blocks * f.group_bytes;
+      const int64_t next_bytes = std::min(n1 - p1, kPanelRows) / kGroup * blocks * f.group_bytes;
+      const int64_t steps = (K + kChunk - 1) / kChunk * tiles, slice = (next_bytes / steps + 63) / 64 * 64;
+      int64_t step = 0;
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = std::min(kChunk, K - k0);
-        for (int64_t t = 0; t < tiles; ++t) {
+        for (int64_t t = 0; t < tiles; ++t, ++step) {
+          for (int64_t b = step * slice; b < std::min(next_bytes, (step + 1) * slice); b += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T1);
           const int64_t row0 = p0 + t * kWideRows, nr = std::min(kWideRows, p1 - row0);
           for (int64_t j = 0; j < nr; ++j)
             DequantRow<QT>(w, f, blocks, row0 + j, k0 / kBlock, kc / kBlock, tile.data() + j * kc);
