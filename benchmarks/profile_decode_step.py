@@ -29,8 +29,8 @@ CATEGORIES = {
         ("fastdeploy.model_executor.layers.decoder_layer", "paddle.matmul"),
         ("fastdeploy.model_executor.models.causal_lm", "paddle.matmul"),
     ],
-    "layer (fused)": [  # the one-call decoder layer: its GEMMs, attention, norms, rotary and activation
-        ("fastdeploy.model_executor.layers.decoder_layer", "DecoderLayer._fused_forward"),
+    "layers (fused)": [  # runs of decoder layers in one op call: their GEMMs, attention, norms, rotary and activation
+        ("fastdeploy.model_executor.models.causal_lm", "fused_decoder_layers"),
     ],
     "attention": [
         ("fastdeploy.model_executor.layers.attention", "PaddleAttentionBackend.forward"),

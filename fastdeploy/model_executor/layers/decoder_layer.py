@@ -11,9 +11,10 @@ blocks) and fused: qkv [hidden, (heads + 2 kv_heads) * head_dim], gate_up [hidde
 Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q and k before RoPE
 (`qk_norm`, Qwen3).
 
-A layer without those optional parts, running on the compiled attention op, does the whole layer in
-one call of the compiled `fd_decoder_layer` op (custom_ops/cpu_ops/decoder_layer.cc): the same
-kernels, without the Python and Paddle dispatch between them (nine op calls per layer, ~12 us each). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
+Layers without those optional parts (`fusable`), running on the compiled attention op, go through
+`fused_decoder_layers`: a run of them in one call of the compiled `fd_decoder_layers` op
+(custom_ops/cpu_ops/decoder_layer.cc), the same kernels without the Python and Paddle dispatch
+between them (nine op calls per layer, ~12 us each). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
 goes (the MLP's names are given by its `mlp` object: DenseMLP here, SparseMoE in moe.py).
 """
 import paddle
@@ -86,9 +87,9 @@ class DecoderLayer:
         if config.qk_norm:
             self.weights["q_norm"] = paddle.empty([dim])
             self.weights["k_norm"] = paddle.empty([dim])
-        # the one-call layer: only for the plain layer (no biases, no q/k norms, a dense SwiGLU MLP)
+        # fused_decoder_layers can run it: a plain layer (no biases, no q/k norms, a dense SwiGLU MLP)
         plain = not (config.qkv_bias or config.o_bias or config.qk_norm or config.mlp_bias)
-        self._fused_op = compiled_op("fd_decoder_layer") if plain and type(mlp) is DenseMLP else None
+        self.fusable = plain and type(mlp) is DenseMLP and compiled_op("fd_decoder_layers") is not None
 
     def forward(self, hidden, residual, rope: RotaryEmbedding, positions, attention, kv_cache, attn_meta):
         """One layer with the residual stream carried separately (so each add fuses into the next norm).
@@ -98,8 +99,6 @@ class DecoderLayer:
         layer's true output is their sum, formed by the next layer's (or the final) fused add + norm.
         """
         w = self.weights
-        if self._fused_op is not None and isinstance(attn_meta, AppendAttentionInputs):
-            return self._fused_forward(hidden, residual, rope, positions, attention, kv_cache, attn_meta)
         if residual is None:
             residual, x = hidden, rms_norm(hidden, w["input_layernorm"], self.eps)
         else:
@@ -115,22 +114,6 @@ class DecoderLayer:
             attn = attn + w["o_proj_bias"]
         x, residual = fused_add_rms_norm(attn, residual, w["post_attention_layernorm"], self.eps)
         return self.mlp.forward(x), residual
-
-    def _fused_forward(self, hidden, residual, rope, positions, attention, kv_cache, meta: AppendAttentionInputs):
-        """`forward` in one `fd_decoder_layer` call (same kernels and results, no dispatch between them)."""
-        w, mlp = self.weights, self.mlp.weights
-        rows = hidden.shape[0]
-        if residual is None:  # first layer: hidden + 0 is hidden exactly
-            residual = paddle.zeros_like(hidden)
-        operands = [lin.operand(rows) for lin in (w["qkv"], w["o_proj"], mlp["gate_up"], mlp["down_proj"])]
-        out, residual = self._fused_op(
-            hidden, residual, w["input_layernorm"], operands[0][0], operands[1][0], w["post_attention_layernorm"],
-            operands[2][0], operands[3][0], positions, rope.cos, rope.sin_signed, kv_cache.key_tensor,
-            kv_cache.value_tensor, meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder, meta.block_tables,
-            [qtype for _, qtype in operands], self.num_heads, self.num_kv_heads, self.head_dim, self.mlp.inter,
-            self.eps, attention.scale,
-        )
-        return out, residual
 
     def _qk_norm(self, qkv: paddle.Tensor) -> paddle.Tensor:
         """Per-head RMSNorm of q and k over head_dim (Qwen3); qkv [n, q_size + 2 kv_size] -> a new one."""
@@ -163,3 +146,31 @@ class DecoderLayer:
         full = {name: (self.weights, *spec) for name, spec in table.items()}
         full.update(self.mlp.hf_weight_table())
         return full
+
+
+def fused_decoder_layers(layers: list, hidden, residual, rope: RotaryEmbedding, positions, attention,
+                         kv_caches: list, meta: AppendAttentionInputs):
+    """`DecoderLayer.forward` of consecutive `fusable` layers in one `fd_decoder_layers` call.
+
+    Same arguments as forward, with a KV cache per layer; returns (last layer's MLP output, residual),
+    [n, hidden] each, equal to the layer-by-layer results (the same kernels in the same order).
+    """
+    rows = hidden.shape[0]
+    if residual is None:  # first layer: hidden + 0 is hidden exactly
+        residual = paddle.zeros_like(hidden)
+    weights = [[], [], [], []]  # qkv, o, gate_up, down
+    qtypes = []
+    for layer in layers:
+        w, mlp = layer.weights, layer.mlp.weights
+        for i, linear in enumerate((w["qkv"], w["o_proj"], mlp["gate_up"], mlp["down_proj"])):
+            tensor, qtype = linear.operand(rows)
+            weights[i].append(tensor)
+            qtypes.append(qtype)
+    first = layers[0]
+    return compiled_op("fd_decoder_layers")(
+        hidden, residual, [layer.weights["input_layernorm"] for layer in layers], weights[0], weights[1],
+        [layer.weights["post_attention_layernorm"] for layer in layers], weights[2], weights[3], positions,
+        rope.cos, rope.sin_signed, [c.key_tensor for c in kv_caches], [c.value_tensor for c in kv_caches],
+        meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder, meta.block_tables, qtypes, first.num_heads,
+        first.num_kv_heads, first.head_dim, first.mlp.inter, first.eps, attention.scale,
+    )

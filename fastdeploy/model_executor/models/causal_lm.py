@@ -13,8 +13,8 @@ import paddle
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.forward_meta import ForwardMeta
-from fastdeploy.model_executor.layers.attention import PaddleAttentionBackend
-from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP
+from fastdeploy.model_executor.layers.attention import AppendAttentionInputs, PaddleAttentionBackend
+from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP, fused_decoder_layers
 from fastdeploy.model_executor.layers.linear import LinearWeight, copy_transposed
 from fastdeploy.model_executor.ops.normalization import fused_add_rms_norm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -43,6 +43,7 @@ class CausalLM:
         self.attention = PaddleAttentionBackend(
             config.num_attention_heads, config.num_key_value_heads, config.head_dim, block_size
         )
+        self.runs = layer_runs(self.layers)
 
     def make_mlp(self, config: ModelConfig, layer_index: int):
         return DenseMLP(config, config.intermediate_size)
@@ -51,9 +52,16 @@ class CausalLM:
         """Logits [num_sampled, vocab] at meta.logits_indices; writes this step's K/V into kv_caches."""
         attn_meta = self.attention.init_attention_metadata(meta)
         hidden, residual = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens), None  # [n, hidden]
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer.forward(hidden, residual, self.rope, meta.positions, self.attention, kv_cache,
-                                             attn_meta)
+        fused = isinstance(attn_meta, AppendAttentionInputs)  # the compiled attention op runs this step
+        for start, end, fusable in self.runs:
+            if fusable and fused:
+                hidden, residual = fused_decoder_layers(self.layers[start:end], hidden, residual, self.rope,
+                                                        meta.positions, self.attention, kv_caches[start:end],
+                                                        attn_meta)
+                continue
+            for layer, kv_cache in zip(self.layers[start:end], kv_caches[start:end]):
+                hidden, residual = layer.forward(hidden, residual, self.rope, meta.positions, self.attention,
+                                                 kv_cache, attn_meta)
         rows = meta.logits_indices  # [num_sampled]
         hidden, _ = fused_add_rms_norm(paddle.gather(hidden, rows), paddle.gather(residual, rows), self.norm,
                                        self.config.rms_norm_eps)
@@ -143,3 +151,14 @@ class CausalLM:
 
 def with_flags(config: ModelConfig, **flags) -> ModelConfig:
     return dataclasses.replace(config, **flags)
+
+
+def layer_runs(layers: list) -> list[tuple[int, int, bool]]:
+    """Maximal runs [start, end) of consecutive layers with the same `fusable`, in order."""
+    runs = []
+    for i, layer in enumerate(layers):
+        if runs and runs[-1][2] == layer.fusable:
+            runs[-1] = (runs[-1][0], i + 1, layer.fusable)
+        else:
+            runs.append((i, i + 1, layer.fusable))
+    return runs
