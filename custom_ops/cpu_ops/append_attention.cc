@@ -345,7 +345,8 @@ void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& 
     const int64_t keys = std::min(g.block_size, context - start);
     for (int64_t k = 0; k < keys; k += kLanes) {  // in slices, each prefetching the next one's rows
       const int64_t slice = std::min(kLanes, keys - k);
-      if (k + kPrefetchRows < keys) PrefetchRows(v + (k + kPrefetchRows) * dim, std::min(kLanes, keys - k - kPrefetchRows), dim);
+      if (k + kPrefetchRows < keys)
+        PrefetchRows(v + (k + kPrefetchRows) * dim, std::min(kLanes, keys - k - kPrefetchRows), dim);
       AccumulateValues(s + start + k, 1, stride, group, v + k * dim, slice, dim, o);
     }
   }

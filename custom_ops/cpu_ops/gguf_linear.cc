@@ -48,6 +48,8 @@ constexpr int64_t kPrefetchBytes = 3072;      // software prefetch distance in t
 
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type ids
 
+constexpr int64_t kScaleRun = 4 * kGroup;    // bytes of one float32 scale per row of a group
+
 // Bytes of one group's block column: scales (float32) then quants, for 4 rows.
 struct Format {
   int64_t gguf_bytes, scale_bytes, quant_bytes, group_bytes;
@@ -55,9 +57,9 @@ struct Format {
 
 Format FormatOf(int64_t qtype) {
   switch (qtype) {
-    case kQ4_0: return {18, 16, 16, 16 + 4 * 16};
-    case kQ4_1: return {20, 32, 16, 32 + 4 * 16};
-    case kQ8_0: return {34, 16, 32, 16 + 4 * 32};
+    case kQ4_0: return {18, kScaleRun, 16, kScaleRun + kGroup * 16};
+    case kQ4_1: return {20, 2 * kScaleRun, 16, 2 * kScaleRun + kGroup * 16};
+    case kQ8_0: return {34, kScaleRun, 32, kScaleRun + kGroup * 32};
     default: return {0, 0, 0, 0};
   }
 }
@@ -73,7 +75,7 @@ inline BlockRef Ref(const uint8_t* w, int64_t qtype, const Format& f, int64_t bl
   const int64_t r = n % kGroup;
   BlockRef ref{g + f.scale_bytes + r * f.quant_bytes, 0.f, 0.f};
   std::memcpy(&ref.d, g + 4 * r, 4);
-  if (qtype == kQ4_1) std::memcpy(&ref.m, g + 16 + 4 * r, 4);
+  if (qtype == kQ4_1) std::memcpy(&ref.m, g + kScaleRun + 4 * r, 4);
   return ref;
 }
 
@@ -156,7 +158,8 @@ void SmallGroups(const float* x, const uint8_t* w, int64_t K, int64_t N, int64_t
       }
       for (int c = 0; c < kGroup; ++c) {
         __m512 w0, w1;
-        DequantBlock<QT>(column + f.scale_bytes + c * f.quant_bytes, scales[c], QT == kQ4_1 ? scales[4 + c] : 0.f, w0, w1);
+        DequantBlock<QT>(column + f.scale_bytes + c * f.quant_bytes, scales[c], QT == kQ4_1 ? scales[kGroup + c] : 0.f,
+                         w0, w1);
         for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
       }
     }
@@ -384,9 +387,9 @@ std::vector<paddle::Tensor> GgufInterleaveRows(const paddle::Tensor& blocks, int
       std::memcpy(column + 4 * r, &d, 4);
       if (qtype == kQ4_1) {
         const float m = Half(block + 2);
-        std::memcpy(column + 16 + 4 * r, &m, 4);
+        std::memcpy(column + kScaleRun + 4 * r, &m, 4);
       }
-      const int64_t header = qtype == kQ4_1 ? 4 : 2;
+      const int64_t header = f.gguf_bytes - f.quant_bytes;  // the block's half d (and m)
       std::memcpy(column + f.scale_bytes + r * f.quant_bytes, block + header, f.quant_bytes);
     }
   }

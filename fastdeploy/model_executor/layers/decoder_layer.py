@@ -14,8 +14,10 @@ Qwen2), on o_proj (`o_bias`), on the MLP (`mlp_bias`), and per-head RMSNorm of q
 Layers without those optional parts (`fusable`), running on the compiled attention op, go through
 `fused_decoder_layers`: a run of them in one call of the compiled `fd_decoder_layers` op
 (custom_ops/cpu_ops/decoder_layer.cc), the same kernels without the Python and Paddle dispatch
-between them (nine op calls per layer, ~12 us each). `hf_weight_table` maps a Hugging Face parameter name inside a layer to where it
-goes (the MLP's names are given by its `mlp` object: DenseMLP here, SparseMoE in moe.py).
+between them (nine op calls per layer, ~12 us each).
+
+`hf_weight_table` maps a Hugging Face parameter name inside a layer to where it goes (the MLP's
+names are given by its `mlp` object: DenseMLP here, SparseMoE in moe.py).
 """
 import paddle
 
