@@ -107,15 +107,15 @@ def profile(llm, prompts, output_len, timers):
     from fastdeploy import SamplingParams
 
     engine = llm.llm_engine
-    runner = engine.runner
+    runner = engine.executor.runner
     step_times = []
-    original_execute, original_step = runner.execute, engine.step
+    original_execute, original_step = runner.execute_model, engine.step
     decode_step = [False]
 
-    def execute(scheduled):
-        decode_step[0] = all(s.num_new_tokens == 1 for s in scheduled)
+    def execute(scheduler_output):
+        decode_step[0] = all(n == 1 for n in scheduler_output.num_scheduled_tokens.values())
         timers.active = decode_step[0]
-        return original_execute(scheduled)
+        return original_execute(scheduler_output)
 
     def step():
         start = time.perf_counter()
@@ -125,11 +125,11 @@ def profile(llm, prompts, output_len, timers):
         decode_step[0] = timers.active = False
         return out
 
-    runner.execute, engine.step = execute, step
+    runner.execute_model, engine.step = execute, step
     timers.total.clear()
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    runner.execute, engine.step = original_execute, original_step
+    runner.execute_model, engine.step = original_execute, original_step
     return step_times
 
 

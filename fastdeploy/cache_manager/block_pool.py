@@ -116,6 +116,12 @@ class BlockPool:
             return None
         return block_id
 
+    def uncache_block(self, block_id: int) -> None:
+        """Forget the block's prefix-cache entry (its KV was never written: the step failed)."""
+        self._evict(block_id)
+        if self.ref_counts[block_id] == 0 and block_id in self._free:  # reused first, like any uncached block
+            self._free.move_to_end(block_id, last=False)
+
     def is_free(self, block_id: int) -> bool:
         return self.ref_counts[block_id] == 0
 

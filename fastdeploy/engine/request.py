@@ -8,7 +8,6 @@ FastDeploy's `output.outputs.text` and vLLM's `output.outputs[0].text` / `for c 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -145,43 +144,34 @@ class RequestOutput:
 
 @dataclass(eq=False)  # identity: requests are compared and hashed as objects
 class Request:
-    """Engine-side state of one completion (one of the `n` of a prompt).
+    """Engine-side state of one completion (one of the `n` of a prompt), as the scheduler sees it.
 
     Its tokens are prompt + generated tokens; the first `num_computed_tokens` are in the KV cache.
     After preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
+    Text, logprobs and finish reasons live in the output processor (output/), per-step tensors in
+    the model runner (worker/); this object never leaves the engine process.
     """
 
     request_id: str
-    prompt: Optional[str]
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    eos_token_ids: frozenset
-    max_tokens: int
-    group_id: str = ""  # request_id of the prompt; the RequestOutput carries it
+    positions: Any  # [num_prompt_tokens] (or [3, num_prompt_tokens]) int64 numpy, from the input processor
+    eos_token_ids: frozenset = frozenset()
     index: int = 0  # which of the prompt's n completions
     bad_words_token_ids: list = field(default_factory=list)  # token-id sequences, see bad_words.py
-    arrival_time: float = field(default_factory=time.time)
+    token_type_ids: Any = None  # [num_prompt_tokens] int64 modality per token, None for text
+    wants_prompt_logprobs: bool = False  # the first completion of a prompt asking for prompt logprobs
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
-    detokenizer: Any = None
-    metrics: RequestMetrics = None
-    finish_reason: Optional[str] = None
-    stop_reason: Union[int, str, None] = None
+    num_blocks_sent: Optional[int] = None  # blocks the runner knows; None: send the request in full
     num_preemptions: int = 0
-    error: Optional[str] = None  # set when the request failed at run time
-    logprobs: Optional[list] = None  # [LogprobsDict] per generated token when requested
-    cumulative_logprob: float = 0.0
-    prompt_logprobs: Optional[list] = None  # [num_prompt_tokens] LogprobsDict, [0] None, when requested
-    prompt_unique: Any = None  # sorted unique prompt ids, computed once when a penalty needs them
+    num_prompt_logprobs_done: int = 1  # prompt positions scored so far (position 0 has none)
     extra_keys: tuple = ()  # mixed into every block hash (multimodal item hashes; () for text)
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
-
-    def __post_init__(self) -> None:
-        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -201,12 +191,3 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
-
-
-@dataclass
-class RequestGroup:
-    """The `n` completions of one prompt; its RequestOutput is made when all have finished."""
-
-    request_id: str
-    requests: list[Request]
-    num_finished: int = 0

@@ -1,56 +1,161 @@
-"""Per-token output handling: append, detokenize, and decide whether the request is finished.
+"""Output processor: the model runner's tokens and logprobs -> text, stops, logprob dicts, RequestOutputs.
 
-Checks, in order, after each generated token (vLLM's order):
-1. EOS (unless `ignore_eos`) -> finish_reason "stop", stop_reason None;
-2. a token of `stop_token_ids` -> "stop", stop_reason = that id;
-   in both cases the token stays in `token_ids` but its text is not added to `text` unless
-   `include_stop_str_in_output` (vLLM's rule);
-3. a stop string in the new text (searched only in the tail the new piece can complete, also
-   across token boundaries) -> "stop", stop_reason = the string; the text is cut before it unless
-   `include_stop_str_in_output`;
-4. `max_tokens` generated -> "length".
-EOS and stop tokens cannot appear before `min_tokens`: the sampler masks them; stop strings are not
-checked before `min_tokens` either.
+Per step it appends each sampled token to its completion (output/stop_checker.py: detokenize,
+EOS, stop tokens, stop strings, max_tokens), turns logprobs arrays into the public
+{token_id: Logprob} dicts, and returns the ids of the completions that finished (the engine tells
+the scheduler) and the RequestOutputs of prompts whose `n` completions have all finished. A
+completion whose output handling raises fails alone (finish_reason "abort", error_code 500); the
+rest of the batch goes on.
 """
+from __future__ import annotations
+
+import logging
+import time
 from typing import Optional
 
-from fastdeploy.engine.request import Request
+from fastdeploy.engine.request import CompletionOutput, CompletionOutputs, RequestMetrics, RequestOutput
+from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
+from fastdeploy.output.request_state import GroupState, RequestState
+from fastdeploy.output.stop_checker import append_token
+from fastdeploy.worker.output import ModelRunnerOutput
+
+logger = logging.getLogger("fastdeploy")
 
 
-def _find_stop_string(text: str, new_len: int, stops: list[str], include: bool) -> Optional[tuple[str, int]]:
-    """(stop string, cut position) for the earliest stop string the new tail completes."""
-    best = None
-    for stop in stops:
-        start = max(0, len(text) - new_len - len(stop) + 1)
-        pos = text.find(stop, start)
-        if pos != -1 and (best is None or pos < best[1]):
-            best = (stop, pos)
-    if best is None:
-        return None
-    stop, pos = best
-    return stop, pos + len(stop) if include else pos
+class OutputProcessor:
+    def __init__(self, tokenizer, reasoning_parser=None):
+        self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)
+        self.reasoning_parser = reasoning_parser
+        self.groups: dict[str, GroupState] = {}
+        self.states: dict[str, RequestState] = {}  # unfinished completions by request id
+
+    def add_group(self, group: GroupState) -> None:
+        self.groups[group.request_id] = group
+        for state in group.completions:
+            self.states[state.request_id] = state
+
+    def has_unfinished(self) -> bool:
+        return bool(self.states)
+
+    def on_scheduled(self, request_id: str, now: float, num_cached_tokens: Optional[int]) -> None:
+        """A completion entered a model step for the first time (or again after a preemption)."""
+        state = self.states.get(request_id)
+        if state is None:
+            return
+        if state.metrics.inference_start_time is None:
+            state.metrics.inference_start_time = now
+        if state.index == 0 and num_cached_tokens is not None:
+            self.groups[state.group_id].num_cached_tokens = num_cached_tokens
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def process(self, runner_output: ModelRunnerOutput) -> tuple[list[str], list[RequestOutput]]:
+        """Apply a step's tokens: (ids of completions that finished, outputs of prompts now complete)."""
+        for req_id, scores in runner_output.prompt_logprobs.items():
+            self._store_prompt_logprobs(req_id, scores)
+        finished_ids, outputs = [], []
+        for req_id, token_id in runner_output.sampled_token_ids.items():
+            state = self.states.get(req_id)
+            if state is None:
+                continue
+            if self._append(state, token_id, runner_output.logprobs.get(req_id)):
+                finished_ids.append(req_id)
+                output = self._finish(state)
+                if output is not None:
+                    outputs.append(output)
+        return finished_ids, outputs
+
+    def _append(self, state: RequestState, token_id: int, logprobs) -> bool:
+        try:
+            if logprobs is not None:
+                state.logprobs.append(logprobs_dict(logprobs, 0, token_id, self.token_texts))
+                state.cumulative_logprob += float(logprobs.token_logprobs[0])
+            done = append_token(state, token_id)
+        except Exception as e:  # this completion fails alone; the rest of the batch goes on
+            logger.exception("request %s failed while processing its output", state.request_id)
+            state.finish_reason, state.error = "abort", f"{type(e).__name__}: {e}"
+            done = True
+        if len(state.output_token_ids) == 1 and state.metrics.first_token_time is None:
+            state.metrics.first_token_time = time.time() - state.metrics.inference_start_time
+        return done
+
+    def _store_prompt_logprobs(self, req_id: str, scores) -> None:
+        state = self.states.get(req_id)
+        if state is None:
+            return
+        group = self.groups[state.group_id]
+        for i, position in enumerate(scores.positions.tolist()):
+            token_id = group.prompt_token_ids[position]
+            group.prompt_logprobs[position] = logprobs_dict(scores.logprobs, i, token_id, self.token_texts)
+
+    def _finish(self, state: RequestState) -> Optional[RequestOutput]:
+        """Forget a finished completion; the prompt's RequestOutput once all n have finished."""
+        del self.states[state.request_id]
+        group = self.groups[state.group_id]
+        if not group.finished:
+            return None
+        del self.groups[group.request_id]
+        return self._make_output(group)
+
+    def abort(self, group_id: str) -> tuple[list[str], Optional[RequestOutput]]:
+        """Stop a prompt's unfinished completions: (their ids, the prompt's output with finish_reason
+        "abort" on them), or ([], None) for an unknown or finished prompt."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return [], None
+        aborted = [c.request_id for c in group.completions if not c.finished]
+        for state in group.completions:
+            if not state.finished:
+                state.finish_reason = "abort"
+            self.states.pop(state.request_id, None)
+        return aborted, self._make_output(group)
+
+    # ---- RequestOutput ------------------------------------------------------------------------------
+    def _make_output(self, group: GroupState) -> RequestOutput:
+        errors = [c.error for c in group.completions if c.error is not None]
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=list(group.prompt_token_ids),
+            prompt_logprobs=group.prompt_logprobs,
+            outputs=CompletionOutputs(self._completion(c) for c in group.completions),
+            finished=True,
+            metrics=_metrics(group),
+            num_cached_tokens=group.num_cached_tokens,
+            error_code=200 if not errors else 500,
+            error_msg=errors[0] if errors else None,
+        )
+
+    def _completion(self, state: RequestState) -> CompletionOutput:
+        wants_logprobs = state.logprobs is not None
+        reasoning, text = None, state.detokenizer.text
+        if self.reasoning_parser is not None:
+            reasoning, text = self.reasoning_parser.extract(text)
+        return CompletionOutput(
+            index=state.index,
+            send_idx=len(state.output_token_ids),
+            token_ids=list(state.output_token_ids),
+            text=text,
+            reasoning_content=reasoning,
+            finish_reason=state.finish_reason,
+            stop_reason=state.stop_reason,
+            cumulative_logprob=state.cumulative_logprob if wants_logprobs else None,
+            logprobs=state.logprobs,
+        )
 
 
-def append_token(request: Request, token_id: int) -> bool:
-    """Add `token_id` to `request`; sets finish_reason/stop_reason and returns True when it ends."""
-    params = request.sampling_params
-    request.output_token_ids.append(token_id)
-    num_generated = len(request.output_token_ids)
-    if token_id in request.eos_token_ids and not params.ignore_eos:
-        request.finish_reason = "stop"
-    elif params.stop_token_ids and token_id in params.stop_token_ids:
-        request.finish_reason, request.stop_reason = "stop", token_id
-    if request.finish_reason is not None:
-        if params.include_stop_str_in_output:
-            request.detokenizer.add_token(token_id)
-        return True
-    piece = request.detokenizer.add_token(token_id)
-    if params.stop_strings and piece and num_generated >= params.min_tokens:
-        match = _find_stop_string(request.detokenizer.text, len(piece), params.stop_strings,
-                                  params.include_stop_str_in_output)
-        if match is not None:
-            request.finish_reason, request.stop_reason = "stop", match[0]
-            request.detokenizer.text = request.detokenizer.text[: match[1]]
-    if request.finish_reason is None and num_generated >= request.max_tokens:
-        request.finish_reason = "length"
-    return request.finish_reason is not None
+def _metrics(group: GroupState) -> RequestMetrics:
+    """The prompt's timings: from its arrival and its earliest-started completion to now."""
+    now = time.time()
+    completions = [c.metrics for c in group.completions]
+    m = RequestMetrics(arrival_time=completions[0].arrival_time)
+    starts = [c.inference_start_time for c in completions if c.inference_start_time is not None]
+    if starts:
+        m.inference_start_time = min(starts)
+        m.time_in_queue = m.inference_start_time - m.arrival_time
+        m.model_forward_time = now - m.inference_start_time
+        firsts = [c.inference_start_time + c.first_token_time for c in completions if c.first_token_time is not None]
+        if firsts:
+            m.first_token_time = min(firsts) - m.inference_start_time
+    m.model_execute_time = now - m.arrival_time
+    return m

@@ -1,52 +1,39 @@
-"""Model runner: scheduled requests -> one ragged batch -> forward -> one sampled token per request.
+"""Model runner: SchedulerOutput -> one ragged batch -> forward -> one sampled token per request.
 
-Owns the model and the KV cache. The batch is ordered by query length (decodes first), so the
-attention backend can attend neighbours of similar length together. A request samples a token
-only when this step brings its whole sequence into the cache (a prompt chunk that leaves tokens
-for later samples nothing). Requests asking for prompt logprobs also get logits at every prompt
-position of their chunk that predicts a prompt token not yet scored.
+Owns the model, the KV cache and its own state of every request it serves (`CachedRequestState`,
+built from the scheduler's `NewRequestData` and kept up to date from the per-step diffs); it never
+sees an engine `Request`. The batch is ordered by query length (decodes first), so the attention
+backend can attend neighbours of similar length together. A request samples a token only when this
+step brings its whole sequence into the cache (a prompt chunk that leaves tokens for later samples
+nothing). Requests asking for prompt logprobs also get logits at every prompt position of their
+chunk that predicts a prompt token not yet scored.
 """
-from dataclasses import dataclass
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
-from fastdeploy.engine.request import Request
-from fastdeploy.engine.sched.scheduler import ScheduledRequest
+from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
-from fastdeploy.model_executor.layers.sample.bad_words import banned_now
-from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays
-from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, seen_tokens
-from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
+from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
+from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
+from fastdeploy.worker.request_state import CachedRequestState
+from fastdeploy.worker.sampling_inputs import num_logprobs, sampling_metadata
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows, vocab] temporaries)
 
 
-@dataclass
-class SampledToken:
-    request: Request
-    token_id: int
-    logprobs: Optional[LogprobsArrays]  # one position, when the request asked for logprobs
-
-
-@dataclass
-class PromptLogprobs:
-    request: Request
-    positions: np.ndarray  # [m] prompt positions scored (each >= 1)
-    logprobs: LogprobsArrays
-
-
 class ModelRunner:
-    def __init__(self, fd_config: FDConfig, model, rng: np.random.Generator):
+    def __init__(self, fd_config: FDConfig, model):
         self.config = fd_config
         self.model = model
         self.block_size = fd_config.cache_config.block_size
         self.vocab_size = fd_config.model_config.vocab_size
-        self.rng = rng
+        self.rng = np.random.default_rng(fd_config.seed)  # draws of unseeded requests
+        self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = self._allocate_kv_caches()
 
     def _allocate_kv_caches(self) -> list:
@@ -56,112 +43,95 @@ class ModelRunner:
         return [allocate_kv_cache(num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim)
                 for _ in range(mc.num_hidden_layers)]
 
+    # ---- state --------------------------------------------------------------------------------
+    def _update_states(self, out: SchedulerOutput) -> None:
+        """Apply the step's diffs: drop finished and preempted requests, add new ones, extend block tables."""
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.requests.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            self.requests[new.req_id] = CachedRequestState.from_new(new)  # replaces a stale copy
+        for cached in out.scheduled_cached_reqs:
+            state = self.requests[cached.req_id]
+            state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+
+    # ---- the step ------------------------------------------------------------------------------
     @paddle.no_grad()
-    def execute(self, scheduled: list[ScheduledRequest]) -> tuple[list[SampledToken], list[PromptLogprobs]]:
-        """Run one step: the sampled token of each request that samples, and prompt logprobs."""
-        order = sorted(scheduled, key=lambda s: s.num_new_tokens)  # decodes first: attention groups by length
-        meta, sampling_requests, prompt_rows = self._prepare(order)
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step; returns the sampled tokens (and logprobs) of the requests that sample."""
+        self._update_states(out)
+        result = ModelRunnerOutput()
+        if out.is_empty:
+            return result
+        order = sorted(out.num_scheduled_tokens.items(), key=lambda item: item[1])  # decodes first
+        scheduled = [(self.requests[req_id], n) for req_id, n in order]
+        meta, samplers, prompt_rows = self._prepare(scheduled)
         logits = self.model.forward(meta, self.kv_caches)  # [num_sampled + num_prompt_rows, vocab]
         logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
-        num_sampled = len(sampling_requests)
-        scored = self._prompt_logprobs(logits[num_sampled:], prompt_rows) if prompt_rows else []
-        if not sampling_requests:
-            return [], scored
-        out = sample(logits[:num_sampled], self._sampling_metadata(sampling_requests))
-        sampled = [SampledToken(r, int(t), lp) for r, t, lp in zip(sampling_requests, out.token_ids, out.logprobs)]
-        return sampled, scored
+        if prompt_rows:
+            result.prompt_logprobs = self._prompt_logprobs(logits[len(samplers):], prompt_rows)
+        for state, n in scheduled:
+            state.num_computed_tokens += n
+        if samplers:
+            metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
+            sampled = sample(logits[: len(samplers)], metadata)
+            for state, token, logprobs in zip(samplers, sampled.token_ids.tolist(), sampled.logprobs):
+                state.output_token_ids.append(token)
+                result.sampled_token_ids[state.req_id] = token
+                if logprobs is not None:
+                    result.logprobs[state.req_id] = logprobs
+        return result
 
-    def _prepare(self, order: list[ScheduledRequest]):
-        input_ids, positions, sample_rows, sampling_requests, prompt_rows = [], [], [], [], []
-        for s in order:
-            request, start, end = s.request, s.request.num_computed_tokens, s.request.num_computed_tokens + s.num_new_tokens
+    def _prepare(self, scheduled: list[tuple[CachedRequestState, int]]):
+        """ForwardMeta of the step, the states that sample (in row order), and prompt-logprob rows
+        (state, position, flattened row)."""
+        input_ids, positions, sample_rows, samplers, prompt_rows = [], [], [], [], []
+        for state, n in scheduled:
+            start, end = state.num_computed_tokens, state.num_computed_tokens + n
             first_row = len(input_ids)
-            input_ids += request.token_ids_between(start, end)
-            positions.append(np.arange(start, end, dtype=np.int64))
-            if end == request.num_tokens:
+            input_ids += state.token_ids_between(start, end)
+            positions.append(state.positions_between(start, end))
+            if end == state.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
-                sampling_requests.append(request)
-            if request.prompt_logprobs is not None:
+                samplers.append(state)
+            if state.wants_prompt_logprobs:
                 # logits at position p score prompt token p + 1
-                scored = [p for p in range(start, min(end, request.num_prompt_tokens - 1))
-                          if request.prompt_logprobs[p + 1] is None]
-                prompt_rows += [(request, p, first_row + p - start) for p in scored]
+                first = max(start, state.num_prompt_logprobs_done - 1)
+                prompt_rows += [(state, p, first_row + p - start)
+                                for p in range(first, min(end, state.num_prompt_tokens - 1))]
         meta = ForwardMeta.build(
             input_ids=input_ids,
-            positions=np.concatenate(positions),
-            seq_lens_this_time=[s.num_new_tokens for s in order],
-            seq_lens_decoder=[s.request.num_computed_tokens for s in order],
-            block_tables=[s.request.block_ids for s in order],
+            positions=np.concatenate(positions, axis=-1),
+            seq_lens_this_time=[n for _, n in scheduled],
+            seq_lens_decoder=[state.num_computed_tokens for state, _ in scheduled],
+            block_tables=[state.block_ids for state, _ in scheduled],
             block_size=self.block_size,
             logits_indices=(sample_rows + [row for _, _, row in prompt_rows]) or [0],
         )
-        return meta, sampling_requests, prompt_rows
+        return meta, samplers, prompt_rows
 
-    def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
-        """Raw logprobs of the prompt tokens at `prompt_rows` (request, position, row) from logits x [m, vocab]."""
-        results = []
-        by_request: dict[int, list[int]] = {}
-        for i, (request, _, _) in enumerate(prompt_rows):
-            by_request.setdefault(id(request), []).append(i)
-        for indices in by_request.values():
-            request = prompt_rows[indices[0]][0]
+    def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> dict[str, PromptLogprobsOutput]:
+        """Raw logprobs of the prompt tokens at `prompt_rows` (state, position, row) from logits x [m, vocab]."""
+        by_request: dict[str, list[int]] = {}
+        for i, (state, _, _) in enumerate(prompt_rows):
+            by_request.setdefault(state.req_id, []).append(i)
+        results = {}
+        for req_id, indices in by_request.items():
+            state = prompt_rows[indices[0]][0]
             positions = np.array([prompt_rows[i][1] for i in indices], dtype=np.int64)
-            actual = np.asarray(request.prompt_token_ids, dtype=np.int64)[positions + 1]
-            k = self._num_logprobs(request.sampling_params.prompt_logprobs)
-            for lo in range(0, len(indices), PROMPT_LOGPROBS_ROWS):
-                rows = np.asarray(indices[lo : lo + PROMPT_LOGPROBS_ROWS])
-                arrays = token_logprobs(x[rows], actual[lo : lo + len(rows)], k)
-                results.append(PromptLogprobs(request, positions[lo : lo + len(rows)] + 1, arrays))
+            actual = np.asarray(state.prompt_token_ids, dtype=np.int64)[positions + 1]
+            k = num_logprobs(state.sampling_params.prompt_logprobs, self.vocab_size)
+            parts = [token_logprobs(x[np.asarray(indices[lo : lo + PROMPT_LOGPROBS_ROWS])],
+                                    actual[lo : lo + PROMPT_LOGPROBS_ROWS], k)
+                     for lo in range(0, len(indices), PROMPT_LOGPROBS_ROWS)]
+            state.num_prompt_logprobs_done = int(positions[-1]) + 2
+            results[req_id] = PromptLogprobsOutput(positions + 1, _concat_logprobs(parts))
         return results
 
-    def _num_logprobs(self, k: Optional[int]) -> int:
-        return self.vocab_size if k == -1 else k
 
-    def _sampling_metadata(self, requests: list[Request]) -> SamplingMetadata:
-        banned = []
-        uniforms = np.empty(len(requests))
-        for row, request in enumerate(requests):
-            params = request.sampling_params
-            ids = list(banned_now(request.bad_words_token_ids, request.output_token_ids))
-            if len(request.output_token_ids) < params.min_tokens:
-                ids += sorted(request.eos_token_ids | set(params.stop_token_ids or ()))
-            if ids:
-                banned.append((row, ids))
-            if params.seed is not None:
-                key = [params.seed, request.index, len(request.output_token_ids)]
-                uniforms[row] = np.random.default_rng(key).random()
-            else:
-                uniforms[row] = self.rng.random()
-        logprobs = [r.sampling_params.logprobs for r in requests]
-        return SamplingMetadata(
-            temperature=np.array([r.sampling_params.temperature for r in requests], np.float64),
-            top_k=np.array([r.sampling_params.top_k for r in requests], np.int64),
-            top_p=np.array([r.sampling_params.top_p for r in requests], np.float64),
-            min_p=np.array([r.sampling_params.min_p for r in requests], np.float64),
-            uniforms=uniforms,
-            banned=banned,
-            penalties=self._penalty_inputs(requests),
-            num_logprobs=np.array([-1 if k is None else self._num_logprobs(k) for k in logprobs], np.int64),
-            logprobs_mode=self.config.logprobs_mode,
-        )
-
-    @staticmethod
-    def _penalty_inputs(requests: list[Request]) -> Optional[PenaltyInputs]:
-        params = [r.sampling_params for r in requests]
-        repetition = np.array([p.repetition_penalty for p in params], np.float32)
-        frequency = np.array([p.frequency_penalty for p in params], np.float32)
-        presence = np.array([p.presence_penalty for p in params], np.float32)
-        active = np.flatnonzero((repetition != 1) | (frequency != 0) | (presence != 0))
-        if not len(active):
-            return None
-        rows, ids, counts = [], [], []
-        for row in active:
-            request = requests[row]
-            if request.prompt_unique is None:
-                request.prompt_unique = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int64))
-            row_ids, row_counts = seen_tokens(request.prompt_unique, request.output_token_ids)
-            rows.append(np.full(len(row_ids), row, np.int64))
-            ids.append(row_ids)
-            counts.append(row_counts)
-        return PenaltyInputs(np.concatenate(rows), np.concatenate(ids), np.concatenate(counts),
-                             repetition, frequency, presence)
+def _concat_logprobs(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return type(first)(**{name: np.concatenate([getattr(p, name) for p in parts])
+                          for name in first.__dataclass_fields__})

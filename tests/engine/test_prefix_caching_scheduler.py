@@ -19,9 +19,9 @@ import pytest
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID, BlockPool
 from fastdeploy.engine.request import Request, RequestStatus
-from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched import scheduler as scheduler_module
 from fastdeploy.engine.sched.scheduler import Scheduler
+from fake_model import apply_step, scheduled, text_request
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -41,14 +41,7 @@ def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def make_request(rid, prompt: list[int], max_tokens: int) -> Request:
-    return Request(
-        request_id=str(rid),
-        prompt=None,
-        prompt_token_ids=list(prompt),
-        sampling_params=SamplingParams(),
-        eos_token_ids=frozenset(),
-        max_tokens=max_tokens,
-    )
+    return text_request(str(rid), list(prompt), max_tokens)
 
 
 class PrefixLoop:
@@ -94,28 +87,28 @@ class PrefixLoop:
         decode_ready = [r for r in running_before if r.num_tokens - r.num_computed_tokens == 1]
         had_work = sched.has_unfinished()
         out = sched.schedule()
-        items = [(s.request.request_id, s.num_new_tokens) for s in out.scheduled]
+        batch = scheduled(sched, out)
+        items = [(r.request_id, n) for r, n in batch]
         self.steps.append(items)
-        self.num_preempted += len(out.preempted)
+        self.num_preempted += len(out.preempted_req_ids)
 
-        assert out.num_tokens <= self.budget
+        assert out.total_num_scheduled_tokens <= self.budget
         assert len(sched.running) <= self.max_num_seqs
-        assert len({id(s.request) for s in out.scheduled}) == len(out.scheduled)
+        assert len({id(r) for r, _ in batch}) == len(batch)
         if had_work and not items:
             self.empty_steps.append(len(self.steps) - 1)
-        scheduled = {id(s.request): s.num_new_tokens for s in out.scheduled}
-        preempted = {id(r) for r in out.preempted}
+        scheduled_now = {id(r): n for r, n in batch}
+        preempted = {id(r) for r in self.requests if r.request_id in out.preempted_req_ids}
         # decodes are never left out: each is scheduled for its one token, or was preempted
         for r in decode_ready:
             if id(r) in preempted:
                 assert r in sched.waiting and r.block_ids == []
             else:
-                assert scheduled.get(id(r)) == 1, f"decode of {r.request_id} left out of the step"
-        for s in out.scheduled:
-            r = s.request
+                assert scheduled_now.get(id(r)) == 1, f"decode of {r.request_id} left out of the step"
+        for r, num_new in batch:
             assert r in sched.running and r.status == RequestStatus.RUNNING
-            assert 1 <= s.num_new_tokens and r.num_computed_tokens + s.num_new_tokens <= r.num_tokens
-            if not self.chunked and r.num_computed_tokens + s.num_new_tokens < r.num_tokens:
+            assert 1 <= num_new and r.num_computed_tokens + num_new <= r.num_tokens
+            if not self.chunked and r.num_computed_tokens + num_new < r.num_tokens:
                 raise AssertionError("a prompt split without chunked prefill")
             if r not in running_before:  # admitted in this step: it starts at its cache hit
                 c = r.num_computed_tokens
@@ -124,35 +117,26 @@ class PrefixLoop:
                 self.admissions.append((r, c))
 
         # the model: every K/V of the step is written before any attention reads the cache
-        for s in out.scheduled:
-            r = s.request
-            for p in range(r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens):
+        for r, num_new in batch:
+            for p in range(r.num_computed_tokens, r.num_computed_tokens + num_new):
                 block = r.block_ids[p // self.bs]
                 assert block != NULL_BLOCK_ID and self.pool.ref_counts[block] >= 1
                 self.kv.setdefault(block, [None] * self.bs)[p % self.bs] = self.key(r, p)
-        for s in out.scheduled:  # attention reads every earlier position of the sequence
-            r = s.request
-            for p in range(r.num_computed_tokens + s.num_new_tokens):
+        for r, num_new in batch:  # attention reads every earlier position of the sequence
+            for p in range(r.num_computed_tokens + num_new):
                 assert self.read(r, p) == self.key(r, p), (
                     f"request {r.request_id} reads wrong KV at position {p} (block {r.block_ids[p // self.bs]})"
                 )
         # advance like LLMEngine.step
-        for s in out.scheduled:
-            r = s.request
-            r.num_computed_tokens += s.num_new_tokens
-            if r.num_computed_tokens == r.num_tokens:
-                r.output_token_ids.append(next_token(r.prompt_token_ids + r.output_token_ids))
-                if len(r.output_token_ids) == r.max_tokens:
-                    sched.finish(r)
-                    self.finished.append(r)
-                    assert r.block_ids == [] and r.status == RequestStatus.FINISHED
+        for r in apply_step(sched, out, lambda r: next_token(r.prompt_token_ids + r.output_token_ids)):
+            self.finished.append(r)
+            assert r.block_ids == [] and r.status == RequestStatus.FINISHED
         self.check_state()
         return items
 
     def abort(self, r: Request) -> None:
         """What LLMEngine.abort_request does to an unfinished request."""
-        r.finish_reason = "abort"
-        self.sched.finish(r)
+        self.sched.finish_requests([r.request_id])
         self.aborted.append(r)
         assert r.block_ids == [] and r.status == RequestStatus.FINISHED
         self.check_state()
@@ -182,9 +166,9 @@ class PrefixLoop:
         for r in self.requests:
             assert r.status == RequestStatus.FINISHED and r.block_ids == []
             if r in self.aborted:
-                assert len(r.output_token_ids) < r.max_tokens
+                assert len(r.output_token_ids) < r.sampling_params.max_tokens
             else:
-                assert r.output_token_ids == expected_output(r.prompt_token_ids, r.max_tokens)
+                assert r.output_token_ids == expected_output(r.prompt_token_ids, r.sampling_params.max_tokens)
 
 
 # ---- random workloads ----------------------------------------------------------------------------

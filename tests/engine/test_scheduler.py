@@ -14,8 +14,8 @@ import pytest
 
 from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.engine.request import Request, RequestStatus
-from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
+from fake_model import apply_step, scheduled, text_request
 
 FAKE_TOKEN = 10_000
 
@@ -25,14 +25,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def make_request(rid, prompt_len: int, max_tokens: int) -> Request:
-    return Request(
-        request_id=str(rid),
-        prompt=None,
-        prompt_token_ids=[(7 * i + 3) % 1000 for i in range(prompt_len)],
-        sampling_params=SamplingParams(),
-        eos_token_ids=frozenset(),
-        max_tokens=max_tokens,
-    )
+    return text_request(str(rid), [(7 * i + 3) % 1000 for i in range(prompt_len)], max_tokens)
 
 
 class FakeLoop:
@@ -68,34 +61,34 @@ class FakeLoop:
         had_work = sched.has_unfinished()
         before = {id(r): (r.num_computed_tokens, list(r.block_ids)) for r in sched.running}
         out = sched.schedule()
-        items = [(s.request.request_id, s.num_new_tokens) for s in out.scheduled]
+        batch = scheduled(sched, out)
+        items = [(r.request_id, n) for r, n in batch]
         self.steps.append(items)
         self.running_log.append({r.request_id for r in sched.running})
 
         # --- limits of one step
         assert len(sched.running) <= self.max_num_seqs
-        assert out.num_tokens == sum(n for _, n in items) <= self.budget
+        assert out.total_num_scheduled_tokens == sum(n for _, n in items) <= self.budget
         assert len({rid for rid, _ in items}) == len(items), "a request scheduled twice in one step"
         if had_work:
             assert items, "no progress although requests are unfinished"
         # --- preempted requests: back in the queue, nothing kept, not scheduled
-        scheduled_ids = {id(s.request) for s in out.scheduled}
-        for r in out.preempted:
+        scheduled_ids = {id(r) for r, _ in batch}
+        for r in [r for r in self.requests if r.request_id in out.preempted_req_ids]:
             assert id(r) not in scheduled_ids
             assert r in sched.waiting and r not in sched.running
             assert r.status == RequestStatus.WAITING
             assert r.num_computed_tokens == 0 and r.block_ids == []
         # --- each scheduled item
-        for s in out.scheduled:
-            r = s.request
+        for r, num_new in batch:
             assert r in sched.running and r.status == RequestStatus.RUNNING
-            assert s.num_new_tokens >= 1
-            assert r.num_computed_tokens + s.num_new_tokens <= r.num_tokens
+            assert num_new >= 1
+            assert r.num_computed_tokens + num_new <= r.num_tokens
             if not self.chunked:
                 if r.num_computed_tokens == 0:  # (re)prefill: the whole sequence at once
-                    assert s.num_new_tokens == r.num_tokens, "prompt split without chunked prefill"
+                    assert num_new == r.num_tokens, "prompt split without chunked prefill"
                 else:  # decode
-                    assert s.num_new_tokens == 1 and r.num_computed_tokens == r.num_tokens - 1
+                    assert num_new == 1 and r.num_computed_tokens == r.num_tokens - 1
         # --- running requests keep their blocks (KV stays where it is) unless preempted
         for r in sched.running:
             if id(r) in before:
@@ -105,22 +98,17 @@ class FakeLoop:
 
         # --- advance like the model would
         kinds = set()
-        for s in out.scheduled:
-            r = s.request
-            if r.num_computed_tokens + s.num_new_tokens < r.num_tokens:
+        for r, num_new in batch:
+            if r.num_computed_tokens + num_new < r.num_tokens:
                 kinds.add("chunk")
-            elif r.num_computed_tokens > 0 and s.num_new_tokens == 1 and r.output_token_ids:
+            elif r.num_computed_tokens > 0 and num_new == 1 and r.output_token_ids:
                 kinds.add("decode")
             self.first_step.setdefault(r.request_id, step_no)
-            self.computed_total[r.request_id] += s.num_new_tokens
-            r.num_computed_tokens += s.num_new_tokens
-            if r.num_computed_tokens == r.num_tokens:
-                r.output_token_ids.append(FAKE_TOKEN + len(r.output_token_ids))
-                if len(r.output_token_ids) == r.max_tokens:
-                    sched.finish(r)
-                    self.finished.append(r)
-                    self.finish_step[r.request_id] = step_no
-                    assert r.block_ids == [] and r.status == RequestStatus.FINISHED
+            self.computed_total[r.request_id] += num_new
+        for r in apply_step(sched, out, lambda r: FAKE_TOKEN + len(r.output_token_ids)):
+            self.finished.append(r)
+            self.finish_step[r.request_id] = step_no
+            assert r.block_ids == [] and r.status == RequestStatus.FINISHED
         self.kinds.append(kinds)
         if not self.chunked:
             assert "chunk" not in kinds
@@ -159,11 +147,11 @@ class FakeLoop:
         assert self.pool.num_free_blocks == self.pool.num_usable_blocks
         for r in self.requests:
             assert r.status == RequestStatus.FINISHED and r.block_ids == []
-            assert r.output_token_ids == [FAKE_TOKEN + k for k in range(r.max_tokens)]
+            assert r.output_token_ids == [FAKE_TOKEN + k for k in range(r.sampling_params.max_tokens)]
             if r.num_preemptions == 0:  # the prompt once, then one token per decode
-                assert self.computed_total[r.request_id] == r.num_prompt_tokens + r.max_tokens - 1
+                assert self.computed_total[r.request_id] == r.num_prompt_tokens + r.sampling_params.max_tokens - 1
             else:  # recomputed at least once
-                assert self.computed_total[r.request_id] > r.num_prompt_tokens + r.max_tokens - 1
+                assert self.computed_total[r.request_id] > r.num_prompt_tokens + r.sampling_params.max_tokens - 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,9 +319,9 @@ def test_finish_of_a_waiting_or_running_request_releases_it():
     b = loop.add(make_request("B", 3, 5))
     loop.step()
     assert len(a.block_ids) == 3 and loop.pool.num_free_blocks == 16
-    loop.sched.finish(b)  # abort while queued
+    loop.sched.finish_requests([b.request_id])  # abort while queued
     assert b.status == RequestStatus.FINISHED and b not in loop.sched.waiting
-    loop.sched.finish(a)  # abort while running
+    loop.sched.finish_requests([a.request_id])  # abort while running
     assert a.status == RequestStatus.FINISHED and a.block_ids == []
     assert not loop.sched.has_unfinished()
     assert loop.pool.num_free_blocks == loop.pool.num_usable_blocks

@@ -43,7 +43,7 @@ def isolate(request):
         return
     engine = request.getfixturevalue("llm").llm_engine
     yield
-    for request_id in list(engine.groups):
+    for request_id in list(engine.output_processor.groups):
         engine.abort_request(request_id)
 
 
@@ -60,7 +60,7 @@ def no_loading(monkeypatch):
 def assert_idle(llm):
     engine = llm.llm_engine
     assert not engine.has_unfinished_requests()
-    assert engine.groups == {}
+    assert engine.output_processor.groups == {}
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_usable_blocks
 
 

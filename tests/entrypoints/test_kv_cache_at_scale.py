@@ -15,10 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.engine import args_utils
 from fastdeploy.engine.args_utils import EngineArgs
-from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.input.input_processor import InputProcessor
 from fastdeploy.engine.sched.scheduler import Scheduler
 
 GiB = 1 << 30
@@ -106,7 +105,7 @@ def assert_outputs_match(outputs, references, what: str) -> None:
 def assert_pool_idle(llm) -> None:
     engine = llm.llm_engine
     pool = engine.block_pool
-    assert not engine.has_unfinished_requests() and engine.groups == {}
+    assert not engine.has_unfinished_requests() and engine.output_processor.groups == {}
     assert pool.num_free_blocks == pool.num_usable_blocks
     assert all(c == 0 for c in pool.ref_counts)
 
@@ -261,7 +260,7 @@ def test_chunked_prefill_gives_the_same_tokens_as_unchunked(request, budget, ref
     def recording(self):
         out = original(self)
         if self is llm.llm_engine.scheduler:  # not the reference LLM's steps
-            step_tokens.append(out.num_tokens)
+            step_tokens.append(out.total_num_scheduled_tokens)
         return out
 
     monkeypatch.setattr(Scheduler, "schedule", recording)
@@ -410,10 +409,10 @@ def test_prompt_needing_more_blocks_than_the_pool(llm_small):
     out = run(llm_small, [random_ids(4000, SMALL_LEN - 1)], SamplingParams(temperature=0, max_tokens=5))
     assert len(out[0].outputs.token_ids) == 1  # room for one token only
     assert_pool_idle(llm_small)
-    stub = SimpleNamespace(config=engine.config, block_pool=BlockPool(5))  # 4 usable blocks of 8 tokens
+    stub = SimpleNamespace(config=engine.config, num_usable_blocks=4)  # 4 usable blocks of 8 tokens
     with pytest.raises(ValueError) as e:
-        LLMEngine.validate_prompt(stub, random_ids(5000, 33), index=3)
+        InputProcessor.validate_prompt(stub, random_ids(5000, 33), index=3)
     message = str(e.value)
     for part in ("prompt (prompt 3)", "needs 5 KV blocks", "the pool has 4", "num_gpu_blocks_override"):
         assert part in message, f"{part!r} not in: {message}"
-    LLMEngine.validate_prompt(stub, random_ids(5000, 32))  # 4 blocks: fits
+    InputProcessor.validate_prompt(stub, random_ids(5000, 32))  # 4 blocks: fits

@@ -32,11 +32,13 @@ def test_unknown_parser_is_rejected_before_loading(no_loading, name):
 )
 def test_completion_is_split_by_the_configured_parser(smollm_llm, monkeypatch, name, text, expected):
     engine = smollm_llm.llm_engine
-    monkeypatch.setattr(engine, "reasoning_parser", get_reasoning_parser(name))
-    group = engine.make_request(None, [1, 2, 3], SamplingParams(max_tokens=2))
-    request = group.requests[0]
-    request.detokenizer.text = text
-    completion = engine._completion(request)
+    processor = engine.output_processor
+    monkeypatch.setattr(processor, "reasoning_parser", get_reasoning_parser(name))
+    request_id = engine.enqueue(engine.make_request(None, [1, 2, 3], SamplingParams(max_tokens=2)))
+    state = processor.groups[request_id].completions[0]
+    state.detokenizer.text = text
+    completion = processor._completion(state)
+    engine.abort_request(request_id)
     assert (completion.reasoning_content, completion.text) == expected
 
 

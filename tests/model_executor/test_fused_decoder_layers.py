@@ -36,7 +36,7 @@ def step_logits(llm: LLM, prompts: list[list[int]], history: int) -> np.ndarray:
             block_size=block_size,
             logits_indices=list(range(sum(len(p) for p in tokens))),
         )
-        return engine.runner.model.forward(meta, engine.runner.kv_caches).numpy()
+        return engine.executor.runner.model.forward(meta, engine.executor.runner.kv_caches).numpy()
 
     try:
         if history:
@@ -48,7 +48,7 @@ def step_logits(llm: LLM, prompts: list[list[int]], history: int) -> np.ndarray:
 
 
 def fused_and_layerwise(llm: LLM, prompts: list[list[int]], history: int) -> tuple[np.ndarray, np.ndarray]:
-    model = llm.llm_engine.runner.model
+    model = llm.llm_engine.executor.runner.model
     runs = model.runs
     assert runs == [(0, len(model.layers), True)], "every layer of these models is fusable"
     fused = step_logits(llm, prompts, history)
@@ -81,7 +81,7 @@ def gguf_llm(smollm_path):
 
 @pytest.mark.parametrize("lengths", [[1], [1] * 20, [9, 4]])  # block kernels (1, 9 rows), the wide one (20)
 def test_default_gguf_model_fused_equals_layerwise(gguf_llm, lengths):
-    assert gguf_llm.llm_engine.runner.model.layers[0].weights["qkv"].blocks is not None  # GGUF blocks
+    assert gguf_llm.llm_engine.executor.runner.model.layers[0].weights["qkv"].blocks is not None  # GGUF blocks
     rng = np.random.default_rng(len(lengths))
     prompts = [rng.integers(10, 40000, size=n).tolist() for n in lengths]
     fused, layerwise = fused_and_layerwise(gguf_llm, prompts, history=30)

@@ -31,7 +31,7 @@ def our_prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
             block_size=block_size,
             logits_indices=list(range(sum(len(p) for p in prompts))),
         )
-        logits = engine.runner.model.forward(meta, engine.runner.kv_caches).numpy()
+        logits = engine.executor.runner.model.forward(meta, engine.executor.runner.kv_caches).numpy()
     finally:
         for t in tables:
             engine.block_pool.free(t)

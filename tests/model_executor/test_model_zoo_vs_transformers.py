@@ -87,7 +87,7 @@ ERNIE = pytest.mark.parametrize("name", [n for n in TINY_MODELS if n.startswith(
 @ALL
 def test_ragged_prefill_logits_match_transformers(zoo_of, name, prompts, attention_impl):
     zoo = zoo_of(name)
-    model = zoo.llm.llm_engine.runner.model
+    model = zoo.llm.llm_engine.executor.runner.model
     assert type(model).__name__ == TINY_MODELS[name][0]
     assert model.config.head_dim == zoo.hf.model.layers[0].self_attn.head_dim  # qwen3: 32, not 64 / 4
     ours = our_prefill_logits(zoo.llm, prompts)
@@ -124,7 +124,7 @@ def test_ernie_checkpoint_needs_the_interleaved_rope_permutation(zoo_of, name, p
         cfg["mlp_bias"] = use_bias
 
     llama = LLM(model=str(copy_checkpoint(zoo.path, tmp_path / "as_llama", as_llama)), **LLM_KWARGS)
-    assert type(llama.llm_engine.runner.model).__name__ == "LlamaForCausalLM"
+    assert type(llama.llm_engine.executor.runner.model).__name__ == "LlamaForCausalLM"
     as_llama_logits = our_prefill_logits(llama, prompts)
     ours = our_prefill_logits(zoo.llm, prompts)
     for prompt, wrong, right in zip(prompts, as_llama_logits, ours):

@@ -129,7 +129,7 @@ def hf_routing(hf, prompts, sparse_layers):
 
 def our_routing(llm, prompts, monkeypatch):
     """{layer: Routing} of our one ragged prefill of the prompts (SparseMoE.route wrapped)."""
-    model = llm.llm_engine.runner.model
+    model = llm.llm_engine.executor.runner.model
     layer_of = {id(layer.mlp): i for i, layer in enumerate(model.layers)}
     captured = {}
     route = SparseMoE.route
@@ -201,7 +201,7 @@ def test_ernie_correction_bias_chooses_but_does_not_weight(ernie_case, monkeypat
     case = ernie_case
     ref = hf_routing(case.hf, case.prompts, case.sparse_layers)
     ours, _ = our_routing(case.llm, case.prompts, monkeypatch)
-    model = case.llm.llm_engine.runner.model
+    model = case.llm.llm_engine.executor.runner.model
     changed = 0
     for i in case.sparse_layers:
         bias = case.hf.model.layers[i].mlp.gate.moe_statics.e_score_correction_bias.detach().numpy()[0]
@@ -249,7 +249,7 @@ def test_ernie_dense_first_layer_has_no_experts(ernie_dir, tmp_path):
     assert not any(n.startswith("model.layers.0.mlp.experts.") for n in names)
     assert "model.layers.0.mlp.gate_proj.weight" in names
     llm = LLM(model=str(ernie_dir), max_model_len=256, num_gpu_blocks_override=8)
-    model = llm.llm_engine.runner.model
+    model = llm.llm_engine.executor.runner.model
     assert isinstance(model.layers[0].mlp, DenseMLP)
     assert [isinstance(layer.mlp, SparseMoE) for layer in model.layers] == [False, True, True]
     expected = model.expected_weight_names()

@@ -19,7 +19,7 @@ import pytest
 
 from fastdeploy.model_executor.layers.sample import bad_words, logprobs, penalties
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata, sample
-from fastdeploy.worker.model_runner import ModelRunner
+from fastdeploy.worker.sampling_inputs import penalty_inputs
 
 ROWS, VOCAB = 8, 500
 EOS = VOCAB - 1
@@ -140,7 +140,7 @@ def test_penalties_and_bans_match_dense_reference(seed):
     requests, logits = make_requests(seed)
     expected = reference_processed(logits, requests)
     x = logits.copy()
-    inputs = ModelRunner._penalty_inputs(requests)
+    inputs = penalty_inputs(requests)
     assert inputs is not None
     penalties.apply_penalties(x, inputs)
     penalties.apply_bans(x, banned_pairs(requests))
@@ -150,7 +150,7 @@ def test_penalties_and_bans_match_dense_reference(seed):
 
 def test_all_neutral_rows_need_no_penalty_inputs():
     requests, logits = make_requests(11, all_neutral=True)
-    assert ModelRunner._penalty_inputs(requests) is None
+    assert penalty_inputs(requests) is None
     x = logits.copy()
     penalties.apply_bans(x, banned_pairs(requests))
     np.testing.assert_allclose(x, reference_processed(logits, requests), rtol=1e-6)
@@ -162,7 +162,7 @@ def test_penalty_formula_on_hand_computed_values():
     request = SimpleNamespace(
         sampling_params=SimpleNamespace(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
         prompt_token_ids=[1, 2], output_token_ids=[2, 3, 3], prompt_unique=None)
-    penalties.apply_penalties(logits, ModelRunner._penalty_inputs([request]))
+    penalties.apply_penalties(logits, penalty_inputs([request]))
     # token 1 (prompt only): 4 / 2; token 2 (prompt + output once): -4 * 2 - 0.5 - 0.25;
     # token 3 (output twice): 6 / 2 - 1.0 - 0.25; tokens 0 and 4 untouched
     np.testing.assert_allclose(logits[0], [1.0, 2.0, -8.75, 1.75, 3.0], rtol=1e-6)
@@ -174,7 +174,7 @@ def metadata(requests, uniforms, num_logprobs, mode):
     return SamplingMetadata(
         temperature=np.array([r.sampling_params.temperature for r in requests], np.float64),
         top_k=np.zeros(rows, np.int64), top_p=np.ones(rows), min_p=np.zeros(rows), uniforms=uniforms,
-        banned=banned_pairs(requests), penalties=ModelRunner._penalty_inputs(requests),
+        banned=banned_pairs(requests), penalties=penalty_inputs(requests),
         num_logprobs=num_logprobs, logprobs_mode=mode,
     )
 

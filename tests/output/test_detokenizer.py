@@ -8,7 +8,7 @@ DecodeStream and the window path used for slow (sentencepiece) tokenizers.
 import pytest
 
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
-from fastdeploy.output.output_processor import _find_stop_string
+from fastdeploy.output.stop_checker import _find_stop_string
 
 TEXTS = {
     "chinese": "你好，世界！今天天气很好。我们去公园散步吧",

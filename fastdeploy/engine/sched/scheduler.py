@@ -16,6 +16,13 @@ When the pool has no block for a request of steps 1-2, the most recently admitte
 is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
 goes back to the front of the queue; no new request joins in that step.
 
+`schedule()` returns a `SchedulerOutput` (sched/output.py: ids, token counts and block ids, no
+`Request`), and the step's result comes back through `update_from_output`, which advances
+`num_computed_tokens` and appends the sampled tokens. If the step fails instead (an exception or
+Ctrl-C inside the model), `rollback` undoes what `schedule()` promised: prefix-cache blocks
+registered for KV that was never written are forgotten, requests admitted in the step go back to
+the queue, and every scheduled request is sent to the runner again in full.
+
 Invariants: at most `max_num_seqs` requests run; at most `max_num_batched_tokens` tokens per step;
 a request holds exactly ceil(num_computed_tokens_after_step / block_size) blocks; a finished
 request holds none; every block's reference count equals the number of block tables holding it.
@@ -23,26 +30,12 @@ request holds none; every block's reference count equals the number of block tab
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import Iterable
 
 from fastdeploy.cache_manager.block_pool import BlockPool, hash_block
 from fastdeploy.engine.request import Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # tokens computed for it this step, starting at request.num_computed_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
-    preempted: list[Request]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from fastdeploy.worker.output import ModelRunnerOutput
 
 
 class Scheduler:
@@ -64,10 +57,16 @@ class Scheduler:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefill_cap = long_prefill_token_threshold if enable_chunked_prefill and long_prefill_token_threshold > 0 \
             else max_num_batched_tokens
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._finished_ids: set[str] = set()  # finished since the last step: the runner drops them
+        self._step: _Step = _Step(0)  # the last step built, kept for rollback
 
     def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already queued or running")
+        self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
@@ -78,7 +77,7 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        step = _Step(self.max_num_batched_tokens)
+        step = self._step = _Step(self.max_num_batched_tokens)
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
@@ -95,8 +94,22 @@ class Scheduler:
         if self.enable_chunked_prefill:
             self._top_up_prefills(step)
         for request, num_new in step.tokens.items():
-            self._cache_blocks(request, request.num_computed_tokens + num_new)
-        return SchedulerOutput([ScheduledRequest(r, n) for r, n in step.tokens.items()], step.preempted)
+            self._cache_blocks(request, request.num_computed_tokens + num_new, step)
+        return self._make_output(step)
+
+    def _make_output(self, step: "_Step") -> SchedulerOutput:
+        out = SchedulerOutput(finished_req_ids=self._finished_ids, preempted_req_ids={r.request_id for r in step.preempted})
+        step.finished_sent, self._finished_ids = self._finished_ids, set()
+        for request, num_new in step.tokens.items():
+            out.num_scheduled_tokens[request.request_id] = num_new
+            if request.num_blocks_sent is None:
+                out.scheduled_new_reqs.append(_new_request_data(request))
+            else:
+                new_blocks = request.block_ids[request.num_blocks_sent :]
+                out.scheduled_cached_reqs.append(
+                    CachedRequestData(request.request_id, new_blocks, request.num_computed_tokens))
+            request.num_blocks_sent = len(request.block_ids)
+        return out
 
     def _reserve_blocks(self, request: Request, num_new: int, step: "_Step") -> bool:
         """Give `request` blocks for `num_new` more tokens, preempting later requests if needed."""
@@ -129,12 +142,13 @@ class Scheduler:
             request.block_ids = hits + self.block_pool.allocate(need)
             request.block_hashes = hashes
             request.num_computed_tokens = computed
+            step.admitted.append((request, request.num_cached_tokens))
             if request.num_cached_tokens is None:  # reported for the first admission
                 request.num_cached_tokens = computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             step.add(request, num_new)
-            self._cache_blocks(request, computed + num_new)  # later admissions may share them now
+            self._cache_blocks(request, computed + num_new, step)  # later admissions may share them now
 
     def _top_up_prefills(self, step: "_Step") -> None:
         """Budget left after everyone's share goes to running prefills, in admission order."""
@@ -153,12 +167,52 @@ class Scheduler:
             request.block_ids.extend(self.block_pool.allocate(self.blocks_needed(start + extra) - len(request.block_ids)))
             step.add(request, extra)
 
+    # ---- the step's result ------------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+        """Apply a step's result: each scheduled request's tokens are now in the KV cache
+        (`num_computed_tokens` advances), sampled tokens are appended, scored prompt positions counted."""
+        self._step = _Step(0)
+        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None:  # finished or aborted meanwhile
+                continue
+            request.num_computed_tokens += num_new
+            token = runner_output.sampled_token_ids.get(req_id)
+            if token is not None:
+                request.output_token_ids.append(token)
+            scored = runner_output.prompt_logprobs.get(req_id)
+            if scored is not None and len(scored.positions):
+                request.num_prompt_logprobs_done = int(scored.positions.max()) + 1
+
+    def rollback(self) -> None:
+        """Undo the last `schedule()` after its step failed (the model raised, or Ctrl-C).
+
+        Prefix-cache blocks registered for the step's tokens hold no KV: they are forgotten. Requests
+        admitted in the step go back to the front of the queue (their prefix hits may name those
+        blocks). Every request of the step is sent to the runner again in full, and the runner is
+        told again which requests finished, since the failed step may not have reached it.
+        """
+        step, self._step = self._step, _Step(0)
+        for block_id in step.registered:
+            self.block_pool.uncache_block(block_id)
+        for request, marks in step.hash_marks.items():
+            del request.block_hashes[marks:]
+            request.prefix_chain_broken = False
+        for request, cached_before in reversed(step.admitted):
+            if request in self.running:
+                self._preempt(request)
+                request.num_preemptions -= 1  # not a preemption: the step never ran
+                request.num_cached_tokens = cached_before
+        for request in step.tokens:
+            request.num_blocks_sent = None
+        self._finished_ids |= step.finished_sent
+
     # ---- prefix cache -----------------------------------------------------------------------------
     def _cached_prefix(self, request: Request) -> tuple[list[int], list[bytes]]:
         """(block ids, their hashes) of the longest cached prefix of a request about to be admitted:
         at most (num_tokens - 1) // block_size blocks, so at least one token is computed. Requests
         wanting prompt logprobs read no cache (their prompt logits must be computed)."""
-        if not self.enable_prefix_caching or request.prompt_logprobs is not None:
+        if not self.enable_prefix_caching or request.wants_prompt_logprobs:
             return [], []
         blocks, hashes, parent = [], [], None
         for i in range((request.num_tokens - 1) // self.block_size):
@@ -172,16 +226,18 @@ class Scheduler:
             parent = block_hash
         return blocks, hashes
 
-    def _cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def _cache_blocks(self, request: Request, num_tokens: int, step: "_Step") -> None:
         """Register the request's blocks that are full within its first `num_tokens` tokens.
 
         Called while the step is built, for the tokens the step will compute: the model writes
         every K/V of a step before any attention reads the cache, so a request admitted later in
         the same step can already share them (vLLM does the same). Preemption happens only before
-        admissions, so no block registered here loses its computation.
+        admissions, so no block registered here loses its computation; a failed step is undone by
+        `rollback`, which forgets the blocks recorded in `step`.
         """
         if not self.enable_prefix_caching or request.prefix_chain_broken:
             return
+        step.hash_marks.setdefault(request, len(request.block_hashes))
         for i in range(len(request.block_hashes), num_tokens // self.block_size):
             tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
             parent = request.block_hashes[-1] if request.block_hashes else None
@@ -191,6 +247,8 @@ class Scheduler:
                 # is not theirs, so this sequence registers nothing more
                 request.prefix_chain_broken = True
                 return
+            if self.block_pool.lookup(block_hash, tokens, parent) == request.block_ids[i]:
+                step.registered.append(request.block_ids[i])  # registered now (not held by another)
             request.block_hashes.append(block_hash)
 
     # ---- leaving --------------------------------------------------------------------------------------
@@ -205,26 +263,55 @@ class Scheduler:
         self._release_blocks(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.num_blocks_sent = None  # the runner drops it; it is sent again in full
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
-    def finish(self, request: Request) -> None:
-        """Release a finished or aborted request's blocks and forget it."""
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        self._release_blocks(request)
-        request.status = RequestStatus.FINISHED
+    def finish_requests(self, req_ids: Iterable[str]) -> None:
+        """Release finished or aborted requests' blocks and forget them (unknown ids are ignored);
+        the next SchedulerOutput tells the runner to drop their state."""
+        for req_id in req_ids:
+            request = self.requests.pop(req_id, None)
+            if request is None:
+                continue
+            if request in self.running:
+                self.running.remove(request)
+            elif request in self.waiting:
+                self.waiting.remove(request)
+            self._release_blocks(request)
+            request.status = RequestStatus.FINISHED
+            self._finished_ids.add(req_id)
+
+
+def _new_request_data(request: Request) -> NewRequestData:
+    return NewRequestData(
+        req_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        output_token_ids=list(request.output_token_ids),
+        sampling_params=request.sampling_params,
+        positions=request.positions,
+        block_ids=list(request.block_ids),
+        num_computed_tokens=request.num_computed_tokens,
+        eos_token_ids=request.eos_token_ids,
+        bad_words_token_ids=request.bad_words_token_ids,
+        index=request.index,
+        token_type_ids=request.token_type_ids,
+        wants_prompt_logprobs=request.wants_prompt_logprobs,
+        num_prompt_logprobs_done=request.num_prompt_logprobs_done,
+    )
 
 
 class _Step:
-    """Tokens granted so far in the step being built."""
+    """The step being built (and, until its result is applied, what `rollback` undoes)."""
 
     def __init__(self, budget: int):
         self.budget = budget
         self.tokens: dict[Request, int] = {}  # insertion order = schedule order
         self.preempted: list[Request] = []
+        self.admitted: list[tuple[Request, object]] = []  # (request, its num_cached_tokens before)
+        self.registered: list[int] = []  # blocks this step registered in the prefix cache
+        self.hash_marks: dict[Request, int] = {}  # len(block_hashes) before this step
+        self.finished_sent: set[str] = set()  # finished ids this step's output told the runner
 
     def add(self, request: Request, num_new: int) -> None:
         self.tokens[request] = self.tokens.get(request, 0) + num_new

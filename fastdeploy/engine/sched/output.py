@@ -1,0 +1,102 @@
+"""The step contract between the scheduler and the model runner(s): what crosses to the workers.
+
+A `SchedulerOutput` describes one model step without any `Request` object, so it pickles and can
+be sent to worker processes (tensor parallelism). It carries a request's data once, when the
+request (re)joins the runner (`NewRequestData`: its tokens, sampling parameters, positions and
+block ids), and afterwards only per-step differences (`CachedRequestData`: blocks added this step).
+The runner keeps its own per-request state from these; `finished_req_ids` (finished, aborted) and
+`preempted_req_ids` tell it which state to drop. A preempted request that runs again is sent as new.
+
+The runner answers with a `ModelRunnerOutput` (worker/output.py); the scheduler applies it in
+`Scheduler.update_from_output` (vLLM v1's split of the same responsibilities).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from fastdeploy.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has no state for: everything it needs, sent once.
+
+    Attributes:
+        req_id: the request's id.
+        prompt_token_ids: [num_prompt_tokens] prompt ids.
+        output_token_ids: tokens generated before a preemption (empty for a fresh request).
+        sampling_params: the resolved parameters (defaults filled in, max_tokens clamped).
+        positions: [num_prompt_tokens] int64 (or [3, num_prompt_tokens] for M-RoPE): the prompt's
+            per-token positions, built by the input processor. A token after the prompt at index i
+            (prompt + generated) has position i + position_delta on every axis.
+        token_type_ids: [num_prompt_tokens] int64 modality of each prompt token (0 text), or None
+            for all text; generated tokens are text.
+        block_ids: the request's KV blocks so far (block table).
+        num_computed_tokens: tokens already in the KV cache (prefix-cache hit) before this step.
+        eos_token_ids: ids that end the request (masked while fewer than min_tokens are generated).
+        bad_words_token_ids: banned token-id sequences (layers/sample/bad_words.py).
+        index: which of the prompt's n completions (seeded draws use it).
+        wants_prompt_logprobs: score the prompt's tokens (the first of a prompt's n completions,
+            when its sampling params ask for prompt logprobs).
+        num_prompt_logprobs_done: prompt positions already scored; positions below it are not
+            scored again after a preemption.
+    """
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    positions: np.ndarray
+    block_ids: list[int]
+    num_computed_tokens: int
+    eos_token_ids: frozenset = frozenset()
+    bad_words_token_ids: list = field(default_factory=list)
+    index: int = 0
+    token_type_ids: Optional[np.ndarray] = None
+    wants_prompt_logprobs: bool = False
+    num_prompt_logprobs_done: int = 1
+
+    @property
+    def position_delta(self) -> int:
+        """Offset from a generated token's index to its position (0 for 1-D arange positions)."""
+        return int(self.positions.max()) + 1 - len(self.prompt_token_ids) if len(self.prompt_token_ids) else 0
+
+
+@dataclass
+class CachedRequestData:
+    """A request the runner already holds: the blocks it received this step (appended to its table)."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int  # tokens in the KV cache before this step (a check on the runner's state)
+
+
+@dataclass
+class SchedulerOutput:
+    """One model step.
+
+    Attributes:
+        scheduled_new_reqs: requests the runner learns about in this step.
+        scheduled_cached_reqs: requests it already holds, with this step's new blocks.
+        num_scheduled_tokens: req_id -> tokens computed for it in this step (a prompt chunk or 1),
+            in schedule order; every scheduled request appears here.
+        finished_req_ids: requests finished or aborted since the last step (drop their state).
+        preempted_req_ids: requests preempted in this step (drop their state; they come back new).
+    """
+
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens

@@ -1,0 +1,33 @@
+"""An executor that runs the single model runner in the engine's own process."""
+from __future__ import annotations
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.sched.output import SchedulerOutput
+from fastdeploy.executor.abstract import Executor
+from fastdeploy.worker.model_runner import ModelRunner
+from fastdeploy.worker.output import ModelRunnerOutput
+
+
+class InProcessExecutor(Executor):
+    """Builds the model from `weights` (an iterable of (checkpoint name, array)) and runs it here."""
+
+    def __init__(self, fd_config: FDConfig, weights):
+        from fastdeploy.model_executor.models import get_model_class
+
+        model_config = fd_config.model_config
+        model_cls = get_model_class(model_config.architecture)
+        model = model_cls(model_config, fd_config.cache_config.block_size, fd_config.scheduler_config.max_model_len)
+        model.load_weights(weights)
+        self.runner = ModelRunner(fd_config, model)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        if self.runner is None:
+            raise RuntimeError("the executor was shut down")
+        return self.runner.execute_model(scheduler_output)
+
+    def check_health(self) -> None:
+        if self.runner is None:
+            raise RuntimeError("the executor was shut down")
+
+    def shutdown(self) -> None:
+        self.runner = None

@@ -1,0 +1,129 @@
+"""Input processor: a prompt (text and/or token ids) + SamplingParams -> a validated `PreparedPrompt`.
+
+Everything that can be checked before a request is queued is checked here, so bad input raises
+(ValueError/TypeError naming the field and the allowed values) before any work starts:
+the prompt (non-empty, ids inside the vocabulary, room to generate within max_model_len, enough KV
+blocks for it), and the sampling parameters against the model (vocabulary, max_logprobs). The
+caller's SamplingParams is never modified: the prompt gets a resolved copy with the model's
+generation_config defaults filled in and max_tokens clamped to the context left.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.model_executor.layers.sample.bad_words import bad_words_token_ids
+
+
+@dataclass
+class PreparedPrompt:
+    """One validated prompt, ready to become its `n` requests.
+
+    Attributes:
+        prompt: the prompt text (None for token input).
+        prompt_token_ids: [num_prompt_tokens] ids.
+        positions: [num_prompt_tokens] int64 (text: 0..n-1; [3, n] for M-RoPE models).
+        sampling_params: the resolved copy (see module docstring).
+        bad_words_token_ids: banned token-id sequences from bad_words and bad_words_token_ids.
+    """
+
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    positions: np.ndarray
+    sampling_params: SamplingParams
+    bad_words_token_ids: list
+
+
+def eos_token_ids(tokenizer, generation_config: dict) -> frozenset:
+    """EOS ids: generation_config.json's eos_token_id (int or list) plus the tokenizer's."""
+    ids = generation_config.get("eos_token_id")
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+class InputProcessor:
+    def __init__(self, fd_config: FDConfig, tokenizer):
+        self.config = fd_config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids(tokenizer, fd_config.generation_config)
+        self.num_usable_blocks = fd_config.cache_config.num_blocks - 1  # block 0 is the null block
+
+    def process(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
+                index: Optional[int] = None) -> PreparedPrompt:
+        """Validate one prompt and resolve its parameters; `index` names the prompt in errors."""
+        self.validate_prompt(prompt_token_ids, index)
+        resolved = self.resolve_sampling_params(params, len(prompt_token_ids))  # rejects greedy n > 1 too
+        banned = bad_words_token_ids(self.tokenizer, resolved.bad_words or [], resolved.bad_words_token_ids or [],
+                                     self.config.model_config.vocab_size)
+        positions = np.arange(len(prompt_token_ids), dtype=np.int64)  # text: 1-D, one per token
+        return PreparedPrompt(prompt, list(prompt_token_ids), positions, resolved, banned)
+
+    def validate_prompt(self, prompt_token_ids: list[int], index: Optional[int] = None) -> None:
+        """Raise ValueError for an empty prompt, an id outside the vocabulary or a prompt too long."""
+        where = "" if index is None else f" (prompt {index})"
+        max_len = self.config.scheduler_config.max_model_len
+        vocab = self.config.model_config.vocab_size
+        if len(prompt_token_ids) == 0:
+            raise ValueError(f"prompt is empty{where}: at least one token is needed")
+        if len(prompt_token_ids) >= max_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens{where}, but max_model_len={max_len} leaves no "
+                "room to generate: shorten the prompt or raise max_model_len"
+            )
+        bad = [t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]!r}{where} is outside the vocabulary [0, {vocab})")
+        blocks = -(-len(prompt_token_ids) // self.config.cache_config.block_size)
+        if blocks > self.num_usable_blocks:
+            raise ValueError(
+                f"prompt{where} needs {blocks} KV blocks, the pool has {self.num_usable_blocks}: "
+                "raise num_gpu_blocks_override or gpu_memory_utilization"
+            )
+
+    def resolve_sampling_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """A copy with the model's defaults filled in, max_tokens clamped to the context, and the
+        checks that need the model (vocabulary, max_logprobs). Raises ValueError naming the field."""
+        gen = self.config.generation_config
+        room = self.config.scheduler_config.max_model_len - prompt_len
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+
+        def pick(name, neutral):
+            value = getattr(params, name)
+            return value if value is not None else gen.get(name, neutral)
+
+        resolved = params.clone(
+            max_tokens=max_tokens,
+            min_tokens=min(params.min_tokens, max_tokens),
+            temperature=float(pick("temperature", 1.0)),
+            top_p=float(pick("top_p", 1.0)),
+            top_k=max(int(pick("top_k", 0)), 0),
+            repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            presence_penalty=float(pick("presence_penalty", 0.0)),
+            frequency_penalty=float(pick("frequency_penalty", 0.0)),
+        )
+        self._check_against_model(resolved)
+        return resolved
+
+    def _check_against_model(self, params: SamplingParams) -> None:
+        vocab = self.config.model_config.vocab_size
+        for name in ("stop_token_ids", "bad_words_token_ids"):
+            bad = [t for t in getattr(params, name) or () if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} holds {bad[0]}, outside the vocabulary [0, {vocab})")
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is None:
+                continue
+            if limit is None:
+                raise ValueError(f"{name}={k} was requested, but the LLM was made with enable_logprob=False")
+            asked, allowed = (vocab if k == -1 else k), (vocab if limit == -1 else limit)
+            if asked > allowed:
+                raise ValueError(f"{name}={k} exceeds max_logprobs={limit}: ask for at most {limit} "
+                                 "or raise LLM(max_logprobs=...) (-1 = the whole vocabulary)")
