@@ -2,11 +2,18 @@
 
 All input is validated before any request is queued, so a bad item raises without starting work.
 The caller's SamplingParams and dicts are never modified: each request gets its own copy.
+
+Thread safety: one LLM drives one engine, which is not reentrant. `generate`, `chat` and
+`reset_prefix_cache` hold the LLM's lock for their whole run, so calls from several threads run
+one after the other (each gets exactly the outputs it would get alone); a call made from inside a
+running call on the same thread raises RuntimeError instead of waiting for itself forever.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Optional, Sequence, Union
 
 from tqdm import tqdm
@@ -36,13 +43,32 @@ class LLM:
         args = EngineArgs.from_kwargs(model, kwargs)
         self.llm_engine = LLMEngine.from_engine_args(args)
         self.chat_template = chat_utils.load_chat_template(args.chat_template)
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None  # ident of the thread running a call, for the reentry check
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
     def reset_prefix_cache(self) -> bool:
-        """Empty the prefix cache (vLLM's `LLM.reset_prefix_cache`); returns True."""
-        return self.llm_engine.reset_prefix_cache()
+        """Empty the prefix cache (vLLM's `LLM.reset_prefix_cache`); returns True.
+        Waits for a generate/chat running in another thread to finish first."""
+        with self._serialised("reset_prefix_cache"):
+            return self.llm_engine.reset_prefix_cache()
+
+    @contextmanager
+    def _serialised(self, what: str):
+        """Hold the LLM's lock for one public call (see the module docstring)."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError(
+                f"LLM.{what} was called while this thread is inside another call on the same LLM "
+                "(e.g. from a callback); wait for that call to return, or use a second LLM"
+            )
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(
@@ -59,8 +85,9 @@ class LLM:
         sampling_params: one SamplingParams for all prompts or a list of the same length;
             None uses SamplingParams() defaults.
         """
-        items = self._normalize_prompts(prompts)
-        return self._run(items, sampling_params, use_tqdm, what="prompts")
+        with self._serialised("generate"):
+            items = self._normalize_prompts(prompts)
+            return self._run(items, sampling_params, use_tqdm, what="prompts")
 
     def chat(
         self,
@@ -77,6 +104,10 @@ class LLM:
         `chat_template_kwargs` (e.g. {"enable_thinking": False}) passed to the template.
         `RequestOutput.prompt` is the rendered text.
         """
+        with self._serialised("chat"):
+            return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template)
+
+    def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template):
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
         if not isinstance(messages, list) or not messages:

@@ -1,0 +1,123 @@
+"""Regression tests for the code-review defects of issue 12 (each failed before its fix).
+
+1. concurrent generate/chat on one LLM: serialised, never hangs, same outputs as one thread;
+2. chat_template: a missing file, a Jinja syntax error or the template's raise_exception give
+   FileNotFoundError/ValueError naming `chat_template`;
+3. LLM() configures only the "fastdeploy" logger, once;
+4. 0 < temperature < 1e-5 is greedy (vLLM's _SAMPLING_EPS rule), never NaN/overflow;
+5. max_num_batched_tokens < max_num_seqs is rejected before loading.
+Oracles: the single-threaded greedy run, temperature=0 runs, the messages' required content.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from fastdeploy import LLM, SamplingParams
+from fastdeploy.engine.engine import LLMEngine
+
+HANG_LIMIT_S = 240
+JOIN_TIMEOUT_S = 180
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    """Fail (instead of hanging) when a test runs longer than HANG_LIMIT_S."""
+
+    def on_alarm(signum, frame):
+        raise TimeoutError("still running at its time limit: it hangs")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(HANG_LIMIT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """LLM() without loading a model: the engine is a stub with a tokenizer-less shell."""
+    monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(lambda cls, args: SimpleNamespace()))
+
+
+# ---- 1. concurrent calls -------------------------------------------------------------------------
+def _greedy_ids(outputs):
+    return [o.outputs.token_ids for o in outputs]
+
+
+def test_two_threads_sharing_one_llm_both_finish_with_single_thread_results(smollm_llm):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    work = {
+        "a": (lambda: smollm_llm.generate(["The capital of France is", "1, 2, 3,"], params, use_tqdm=False)),
+        "b": (lambda: smollm_llm.chat([MESSAGES, [{"role": "user", "content": "Name a colour"}]], params,
+                                      use_tqdm=False)),
+    }
+    expected = {name: _greedy_ids(call()) for name, call in work.items()}  # one thread, one call at a time
+    results, errors = {}, {}
+
+    def run(name):
+        try:
+            results[name] = [_greedy_ids(work[name]()) for _ in range(2)]
+        except BaseException as e:  # reported below, never lost in the thread
+            errors[name] = e
+
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a concurrent generate/chat call hangs"
+    assert errors == {}
+    assert results == {name: [ids, ids] for name, ids in expected.items()}
+    assert not smollm_llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_call_made_while_another_runs_waits_for_it(smollm_llm, monkeypatch):
+    """The second caller blocks until the first returns (serialised, not interleaved)."""
+    engine = smollm_llm.llm_engine
+    entered, release, order = threading.Event(), threading.Event(), []
+    original_step = engine.step
+
+    def slow_step():
+        if threading.current_thread().name == "first" and not entered.is_set():
+            entered.set()
+            release.wait(JOIN_TIMEOUT_S)
+        return original_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    params = SamplingParams(temperature=0, max_tokens=2)
+    call = lambda name: (smollm_llm.generate("Hello", params, use_tqdm=False), order.append(name))  # noqa: E731
+    first = threading.Thread(target=call, args=("first",), name="first", daemon=True)
+    second = threading.Thread(target=call, args=("second",), name="second", daemon=True)
+    first.start()
+    assert entered.wait(JOIN_TIMEOUT_S)
+    second.start()
+    second.join(1.0)
+    assert second.is_alive() and order == []  # waiting for the first call
+    release.set()
+    first.join(JOIN_TIMEOUT_S)
+    second.join(JOIN_TIMEOUT_S)
+    assert not first.is_alive() and not second.is_alive()
+    assert order == ["first", "second"]
+
+
+def test_a_call_from_inside_a_call_on_the_same_thread_raises_instead_of_deadlocking(smollm_llm, monkeypatch):
+    engine = smollm_llm.llm_engine
+    original_step = engine.step
+
+    def reentrant_step():
+        smollm_llm.generate("again", SamplingParams(max_tokens=1), use_tqdm=False)
+        return original_step()
+
+    monkeypatch.setattr(engine, "step", reentrant_step)
+    with pytest.raises(RuntimeError, match=r"LLM.generate was called while this thread is inside another call"):
+        smollm_llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+    monkeypatch.setattr(engine, "step", original_step)
+    assert not engine.has_unfinished_requests() and engine.groups == {}
+    assert len(smollm_llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)) == 1
