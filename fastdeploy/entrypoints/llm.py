@@ -41,8 +41,8 @@ class LLM:
         if not logging.getLogger("fastdeploy").handlers:
             logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         args = EngineArgs.from_kwargs(model, kwargs)
+        self.chat_template = chat_utils.load_chat_template(args.chat_template)  # before the slow load
         self.llm_engine = LLMEngine.from_engine_args(args)
-        self.chat_template = chat_utils.load_chat_template(args.chat_template)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # ident of the thread running a call, for the reentry check
 
@@ -102,7 +102,9 @@ class LLM:
         Each conversation is rendered with the chat template (the model's, the LLM's
         `chat_template`, or this call's `chat_template`), with the generation prompt and
         `chat_template_kwargs` (e.g. {"enable_thinking": False}) passed to the template.
-        `RequestOutput.prompt` is the rendered text.
+        `RequestOutput.prompt` is the rendered text. A template that is a missing file raises
+        FileNotFoundError; one with a Jinja syntax error, or whose `raise_exception` fires for these
+        messages, raises ValueError naming `chat_template` (see chat_utils).
         """
         with self._serialised("chat"):
             return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template)
@@ -118,8 +120,8 @@ class LLM:
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
         tokenizer = self.get_tokenizer()
         items = []
-        for conversation in conversations:
-            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs)
+        for i, conversation in enumerate(conversations):
+            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs, i)
             items.append((text, tokenizer.encode(text, add_special_tokens=False)))
         return self._run(items, sampling_params, use_tqdm, what="messages")
 

@@ -121,3 +121,52 @@ def test_a_call_from_inside_a_call_on_the_same_thread_raises_instead_of_deadlock
     monkeypatch.setattr(engine, "step", original_step)
     assert not engine.has_unfinished_requests() and engine.groups == {}
     assert len(smollm_llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)) == 1
+
+
+# ---- 2. chat templates ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["my.jinja", "templates/chat.j2", "chat.jinja2", "dir/template"])
+def test_missing_template_file_is_file_not_found(no_loading, tmp_path, name):
+    path = str(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match=r"chat_template") as info:
+        LLM(chat_template=path)
+    assert path in str(info.value)
+
+
+def test_missing_template_file_in_chat_call(smollm_llm, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"chat_template"):
+        smollm_llm.chat(MESSAGES, chat_template=str(tmp_path / "my.jinja"), use_tqdm=False)
+
+
+def test_existing_template_file_is_read(smollm_llm, tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}", encoding="utf-8")
+    out = smollm_llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=str(path), use_tqdm=False)
+    assert out[0].prompt == "[Hi]"
+
+
+BAD_SYNTAX = "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}"  # '}' instead of '}}' on line 2
+
+
+def test_syntax_error_in_llm_template_is_value_error_with_line(no_loading):
+    with pytest.raises(ValueError, match=r"chat_template.*syntax.*line 2"):
+        LLM(chat_template=BAD_SYNTAX)
+
+
+def test_syntax_error_in_chat_call_template_is_value_error_with_line(smollm_llm):
+    with pytest.raises(ValueError, match=r"chat_template.*syntax.*line 2"):
+        smollm_llm.chat(MESSAGES, chat_template=BAD_SYNTAX, use_tqdm=False)
+
+
+RAISING = "{% if messages[0]['role'] == 'user' %}{{ raise_exception('Only system messages first!') }}{% endif %}"
+
+
+def test_raise_exception_in_chat_call_template_is_value_error(smollm_llm):
+    with pytest.raises(ValueError, match=r"chat_template.*Only system messages first!"):
+        smollm_llm.chat(MESSAGES, chat_template=RAISING, use_tqdm=False)
+    assert not smollm_llm.llm_engine.has_unfinished_requests()
+
+
+def test_raise_exception_in_the_models_own_template_is_value_error(smollm_llm, monkeypatch):
+    monkeypatch.setattr(smollm_llm.get_tokenizer(), "chat_template", RAISING)
+    with pytest.raises(ValueError, match=r"chat_template.*Only system messages first!"):
+        smollm_llm.chat(MESSAGES, use_tqdm=False)
