@@ -25,6 +25,7 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints import chat_utils
 
 logger = logging.getLogger("fastdeploy")
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 PromptType = Union[str, list[int], dict]
 PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids")
@@ -38,8 +39,7 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any):
-        if not logging.getLogger("fastdeploy").handlers:
-            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        configure_logging()
         args = EngineArgs.from_kwargs(model, kwargs)
         self.chat_template = chat_utils.load_chat_template(args.chat_template)  # before the slow load
         self.llm_engine = LLMEngine.from_engine_args(args)
@@ -197,6 +197,31 @@ class LLM:
             for request_id in order:  # after an interruption, release what is still queued
                 engine.abort_request(request_id)
         return results
+
+
+def configure_logging() -> None:
+    """Give the "fastdeploy" logger its own stderr handler, once per process; the root logger and
+    every other logger are left as the application set them.
+
+    Records still propagate to the root logger, so an application's (or pytest's) handlers see
+    them; our handler prints only while the root logger has no handler, so a record is never
+    printed twice. The level is set to INFO only if the application left it unset (NOTSET).
+    """
+    fd_logger = logging.getLogger("fastdeploy")
+    if not any(isinstance(h, _FallbackHandler) for h in fd_logger.handlers):
+        handler = _FallbackHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        fd_logger.addHandler(handler)
+    if fd_logger.level == logging.NOTSET:
+        fd_logger.setLevel(logging.INFO)
+
+
+class _FallbackHandler(logging.StreamHandler):
+    """stderr handler that stays silent once the root logger has handlers (they get the record)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
 
 
 def _is_token_id(value) -> bool:

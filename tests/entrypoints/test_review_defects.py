@@ -170,3 +170,32 @@ def test_raise_exception_in_the_models_own_template_is_value_error(smollm_llm, m
     monkeypatch.setattr(smollm_llm.get_tokenizer(), "chat_template", RAISING)
     with pytest.raises(ValueError, match=r"chat_template.*Only system messages first!"):
         smollm_llm.chat(MESSAGES, use_tqdm=False)
+
+
+# ---- 3. logging ------------------------------------------------------------------------------------
+def test_llm_leaves_the_root_logger_alone_and_adds_one_handler(no_loading, monkeypatch):
+    root, ours = logging.getLogger(), logging.getLogger("fastdeploy")
+    monkeypatch.setattr(root, "handlers", [])  # as in a script that configured nothing
+    monkeypatch.setattr(ours, "handlers", [])
+    root_level = root.level
+    LLM()
+    LLM()
+    assert root.handlers == [] and root.level == root_level
+    assert len(ours.handlers) == 1
+    assert ours.getEffectiveLevel() <= logging.INFO
+
+
+def test_records_reach_the_applications_root_handler_once(no_loading, monkeypatch):
+    """With the application's own root handler, it gets each record and ours stays silent."""
+    seen, printed = [], []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [Collect()])
+    LLM()
+    for handler in logging.getLogger("fastdeploy").handlers:
+        monkeypatch.setattr(handler, "stream", SimpleNamespace(write=printed.append, flush=lambda: None))
+    logging.getLogger("fastdeploy.test").info("one record")
+    assert seen == ["one record"] and printed == []
