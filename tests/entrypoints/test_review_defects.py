@@ -199,3 +199,43 @@ def test_records_reach_the_applications_root_handler_once(no_loading, monkeypatc
         monkeypatch.setattr(handler, "stream", SimpleNamespace(write=printed.append, flush=lambda: None))
     logging.getLogger("fastdeploy.test").info("one record")
     assert seen == ["one record"] and printed == []
+
+
+# ---- 4. tiny temperatures --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def processed_llm():
+    """Logprobs after temperature: where a tiny temperature showed as huge or NaN values."""
+    return LLM(max_model_len=256, max_num_seqs=4, logprobs_mode="processed_logprobs")
+
+
+def _logprob_values(out):
+    return [{t: lp.logprob for t, lp in step.items()} for step in out.outputs.logprobs]
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-45, 9.99e-6])
+def test_tiny_temperature_is_greedy(processed_llm, temperature):
+    prompts = ["The capital of France is", "Once upon a time"]
+    greedy = processed_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, logprobs=2), use_tqdm=False)
+    tiny = processed_llm.generate(prompts, SamplingParams(temperature=temperature, max_tokens=8, logprobs=2),
+                                  use_tqdm=False)
+    assert _greedy_ids(tiny) == _greedy_ids(greedy)
+    for out, ref in zip(tiny, greedy):
+        values = _logprob_values(out)
+        assert all(math.isfinite(v) for step in values for v in step.values())
+        for step, ref_step in zip(values, _logprob_values(ref)):
+            assert step.keys() == ref_step.keys()
+            assert all(math.isclose(step[t], ref_step[t], rel_tol=1e-5, abs_tol=1e-5) for t in step)
+
+
+def test_tiny_temperature_resolves_to_zero_for_the_sampler(smollm_llm):
+    resolved = smollm_llm.llm_engine.resolve_sampling_params(SamplingParams(temperature=1e-6), 4)
+    assert resolved.temperature == 0.0
+
+
+def test_temperature_at_the_threshold_still_samples():
+    assert SamplingParams(temperature=1e-5).temperature == 1e-5
+
+
+def test_tiny_temperature_with_n_above_one_is_rejected_as_greedy():
+    with pytest.raises(ValueError, match=r"^n must be 1 with greedy decoding.*temperature=1e-06"):
+        SamplingParams(temperature=1e-6, n=2)
