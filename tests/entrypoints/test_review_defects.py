@@ -239,3 +239,19 @@ def test_temperature_at_the_threshold_still_samples():
 def test_tiny_temperature_with_n_above_one_is_rejected_as_greedy():
     with pytest.raises(ValueError, match=r"^n must be 1 with greedy decoding.*temperature=1e-06"):
         SamplingParams(temperature=1e-6, n=2)
+
+
+# ---- 5. token budget below the sequence limit -----------------------------------------------------
+def test_budget_below_max_num_seqs_is_rejected_before_loading(no_loading):
+    with pytest.raises(ValueError, match=r"^max_num_batched_tokens=8 .*max_num_seqs=16") as info:
+        LLM(max_num_seqs=16, max_num_batched_tokens=8, enable_chunked_prefill=True, max_model_len=64)
+    assert "raise max_num_batched_tokens" in str(info.value) and "lower max_num_seqs" in str(info.value)
+
+
+def test_default_budget_below_max_num_seqs_is_rejected(no_loading):
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens=2048 .*max_num_seqs=4096"):
+        LLM(max_num_seqs=4096, enable_chunked_prefill=True)
+
+
+def test_budget_equal_to_max_num_seqs_is_accepted(no_loading):
+    LLM(max_num_seqs=16, max_num_batched_tokens=16, enable_chunked_prefill=True, max_model_len=64)
