@@ -287,7 +287,9 @@ class LLMEngine:
         wants_logprobs = request.logprobs is not None
         reasoning, text = None, request.detokenizer.text
         if self.reasoning_parser is not None:
-            reasoning, text = self.reasoning_parser.extract(text)
+            reasoning, text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
+                text, request.output_token_ids, self.tokenizer, request.sampling_params.skip_special_tokens,
+                request.prompt_token_ids)
         return CompletionOutput(
             index=request.index,
             send_idx=len(request.output_token_ids),
