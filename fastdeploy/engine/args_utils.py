@@ -34,7 +34,9 @@ class EngineArgs:
             because offline batch jobs on CPU gain throughput from larger GEMMs).
         max_num_batched_tokens: tokens computed in one step at most. None: 2048 with chunked
             prefill (smaller steps: shorter waits for the first token of requests queued behind a
-            long prompt), else max(8192, max_model_len) (a prompt must then fit one step).
+            long prompt), else max(8192, max_model_len) (a prompt must then fit one step). Must be
+            >= max_num_seqs (FastDeploy's rule): each running request decodes one token per step,
+            and a smaller budget would leave some of them unscheduled step after step.
         enable_chunked_prefill: split long prompts across steps, sharing steps with decodes.
         long_prefill_token_threshold: with chunked prefill, the most prompt tokens one request
             gets in a step before every other queued or running prefill had its share (leftover
@@ -127,11 +129,27 @@ class EngineArgs:
         for name in ("enable_chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self._check_budget_covers_decodes()
+
+    def token_budget(self) -> int:
+        """max_num_batched_tokens, or its default when None (see the class docstring)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 2048 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+
+    def _check_budget_covers_decodes(self) -> None:
+        """ValueError when max_num_seqs running requests cannot all decode in one step."""
+        budget = self.token_budget()
+        if budget < self.max_num_seqs:
+            given = "" if self.max_num_batched_tokens is not None else " (its default)"
+            raise ValueError(
+                f"max_num_batched_tokens={budget}{given} is below max_num_seqs={self.max_num_seqs}: a step "
+                f"must have room for one decode token of each of the {self.max_num_seqs} running requests; "
+                f"raise max_num_batched_tokens to at least {self.max_num_seqs} or lower max_num_seqs to {budget}"
+            )
 
     def scheduler_config(self) -> SchedulerConfig:
-        budget = self.max_num_batched_tokens
-        if budget is None:
-            budget = 2048 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+        budget = self.token_budget()
         if not self.enable_chunked_prefill and budget < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: without "

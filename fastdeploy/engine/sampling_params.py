@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 MAX_SEED = 922337203685477580  # FastDeploy's bound
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits / 1e-6 reach millions and
+# logits / 1e-45 overflow float32 to inf (NaN probabilities), while the draw is the argmax anyway.
+GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 def _check_type(name: str, value, types: tuple, allowed: str) -> None:
@@ -57,9 +60,10 @@ class SamplingParams:
       5. softmax, min_p, top_k, then top_p on the renormalised remainder; one draw.
 
     Attributes:
-        n: completions per prompt, >= 1. They are independent samples; greedy (temperature 0)
-            with n > 1 is rejected since the completions would be identical.
-        temperature: finite, >= 0; 0 = greedy.
+        n: completions per prompt, >= 1. They are independent samples; greedy (temperature 0,
+            or below 1e-5) with n > 1 is rejected since the completions would be identical.
+        temperature: finite, >= 0; 0 = greedy. A value in (0, 1e-5) is greedy too and is stored
+            as 0.0 (vLLM's _SAMPLING_EPS rule), so the sampler never divides by it.
         top_p: in (0, 1]; keep the smallest set of most likely tokens whose probability mass
             reaches top_p (nucleus sampling, Holtzman et al. 2019); the top token is always kept.
         top_k: 0 or -1 = off, else >= 1; keep the k most likely tokens.
@@ -130,12 +134,7 @@ class SamplingParams:
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.temperature is not None:
-            _check_number("temperature", self.temperature, lambda t: t >= 0, ">= 0 (0 = greedy)")
-            if self.temperature == 0 and self.n > 1:
-                raise ValueError(
-                    f"n must be 1 with greedy decoding (temperature=0), got n={self.n}: the {self.n} "
-                    "completions would be identical; set temperature > 0 to sample them"
-                )
+            self._verify_temperature()
         if self.top_p is not None:
             _check_number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]")
         if self.top_k is not None:
@@ -147,6 +146,19 @@ class SamplingParams:
             _check_type("seed", self.seed, (int,), f"an int in [0, {MAX_SEED}]")
             if not 0 <= self.seed <= MAX_SEED:
                 raise ValueError(f"seed must be in [0, {MAX_SEED}], got {self.seed}")
+
+    def _verify_temperature(self) -> None:
+        """Check temperature; (0, GREEDY_TEMPERATURE_EPS) becomes 0.0 (greedy), then greedy needs n == 1."""
+        _check_number("temperature", self.temperature, lambda t: t >= 0, ">= 0 (0 = greedy)")
+        given = self.temperature
+        if given < GREEDY_TEMPERATURE_EPS:
+            self.temperature = 0.0
+        if self.temperature == 0 and self.n > 1:
+            shown = "0" if given == 0 else f"{given!r} < {GREEDY_TEMPERATURE_EPS}, which is greedy"
+            raise ValueError(
+                f"n must be 1 with greedy decoding (temperature={shown}), got n={self.n}: the {self.n} "
+                f"completions would be identical; set temperature >= {GREEDY_TEMPERATURE_EPS} to sample them"
+            )
 
     def _verify_penalties(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):

@@ -1,6 +1,12 @@
 """Chat messages: validation and rendering with the model's (or a given) Jinja chat template."""
+import os
 from pathlib import Path
 from typing import Optional
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -42,28 +48,92 @@ def _flatten_text_parts(conversation: list[dict]) -> list[dict]:
     return flat
 
 
+TEMPLATE_SUFFIXES = (".jinja", ".j2", ".jinja2")
+JINJA_MARKERS = ("{%", "{{")
+
+
+def _looks_like_path(value: str) -> bool:
+    """A value meant as a file name: no Jinja markers, and a template suffix or a path separator."""
+    if any(marker in value for marker in JINJA_MARKERS):
+        return False
+    separators = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    return value.lower().endswith(TEMPLATE_SUFFIXES) or any(sep in value for sep in separators)
+
+
 def load_chat_template(template: Optional[str]) -> Optional[str]:
-    """A template given as a string, or as a path to a .jinja file, or None."""
+    """The template text of `chat_template`: a Jinja string, or a path to a file holding one, or None.
+
+    A value without Jinja markers (`{%`, `{{`) that names an existing file is read from it (UTF-8).
+    Raises TypeError for a non-str, FileNotFoundError when the value looks like a path (ends in
+    .jinja/.j2/.jinja2 or contains a path separator, and has no Jinja markers) but no file is
+    there, and ValueError (with the line number) when the template has a Jinja syntax error.
+    """
     if template is None:
         return None
     if not isinstance(template, str):
         raise TypeError(f"chat_template must be a str (template or path), got {type(template).__name__}")
-    path = Path(template)
-    if len(template) < 4096 and "{" not in template and path.is_file():
-        return path.read_text(encoding="utf-8")
+    if not any(marker in template for marker in JINJA_MARKERS) and len(template) < 4096:
+        path = Path(template).expanduser()
+        if path.is_file():
+            template = path.read_text(encoding="utf-8")
+        elif _looks_like_path(template):
+            raise FileNotFoundError(
+                f"chat_template={template!r} looks like a path to a template file, but "
+                f"{'it is a directory' if path.is_dir() else 'no such file exists'}: "
+                "pass an existing .jinja file or the template text itself"
+            )
+    check_template_syntax(template)
     return template
 
 
+def check_template_syntax(template: str, source: str = "chat_template") -> None:
+    """ValueError naming `source` and the line when `template` is not valid Jinja.
+
+    Parsed with the tags transformers' chat-template environment knows: loop controls
+    ({% break %}, {% continue %}) and {% generation %}...{% endgeneration %}."""
+    try:
+        _syntax_env().parse(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{source} has a Jinja syntax error at line {e.lineno}: {e.message}") from e
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Parses transformers' {% generation %} block (its body is rendered unchanged)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _syntax_env() -> jinja2.Environment:
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+
+
 def render_conversation(tokenizer, conversation: list[dict], chat_template: Optional[str],
-                        chat_template_kwargs: Optional[dict]) -> str:
-    """The prompt text: template applied with the generation prompt and the extra kwargs."""
+                        chat_template_kwargs: Optional[dict], index: int = 0) -> str:
+    """The prompt text: template applied with the generation prompt and the extra kwargs.
+
+    The template is `chat_template` or else the tokenizer's. A Jinja error while rendering
+    (a syntax error, the template's `raise_exception(message)`, an undefined call) raises
+    ValueError naming `chat_template`, conversation `index` and the template's message."""
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if template is None:
         raise ValueError("this model has no chat template: pass chat_template=... or use LLM.generate")
-    return tokenizer.apply_chat_template(
-        _flatten_text_parts(conversation),
-        chat_template=template,
-        tokenize=False,
-        add_generation_prompt=True,
-        **(chat_template_kwargs or {}),
-    )
+    source = "chat_template" if chat_template else "the model's chat_template"
+    try:
+        return tokenizer.apply_chat_template(
+            _flatten_text_parts(conversation),
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=True,
+            **(chat_template_kwargs or {}),
+        )
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"{source} has a Jinja syntax error at line {e.lineno}: {e.message}") from e
+    except jinja2.TemplateError as e:
+        raise ValueError(f"{source} failed to render conversation {index}: {e}") from e

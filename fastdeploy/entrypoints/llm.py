@@ -2,11 +2,18 @@
 
 All input is validated before any request is queued, so a bad item raises without starting work.
 The caller's SamplingParams and dicts are never modified: each request gets its own copy.
+
+Thread safety: one LLM drives one engine, which is not reentrant. `generate`, `chat` and
+`reset_prefix_cache` hold the LLM's lock for their whole run, so calls from several threads run
+one after the other (each gets exactly the outputs it would get alone); a call made from inside a
+running call on the same thread raises RuntimeError instead of waiting for itself forever.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Optional, Sequence, Union
 
 from tqdm import tqdm
@@ -18,6 +25,7 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints import chat_utils
 
 logger = logging.getLogger("fastdeploy")
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 PromptType = Union[str, list[int], dict]
 PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids")
@@ -31,18 +39,36 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any):
-        if not logging.getLogger("fastdeploy").handlers:
-            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        configure_logging()
         args = EngineArgs.from_kwargs(model, kwargs)
+        self.chat_template = chat_utils.load_chat_template(args.chat_template)  # before the slow load
         self.llm_engine = LLMEngine.from_engine_args(args)
-        self.chat_template = chat_utils.load_chat_template(args.chat_template)
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None  # ident of the thread running a call, for the reentry check
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
     def reset_prefix_cache(self) -> bool:
-        """Empty the prefix cache (vLLM's `LLM.reset_prefix_cache`); returns True."""
-        return self.llm_engine.reset_prefix_cache()
+        """Empty the prefix cache (vLLM's `LLM.reset_prefix_cache`); returns True.
+        Waits for a generate/chat running in another thread to finish first."""
+        with self._serialised("reset_prefix_cache"):
+            return self.llm_engine.reset_prefix_cache()
+
+    @contextmanager
+    def _serialised(self, what: str):
+        """Hold the LLM's lock for one public call (see the module docstring)."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError(
+                f"LLM.{what} was called while this thread is inside another call on the same LLM "
+                "(e.g. from a callback); wait for that call to return, or use a second LLM"
+            )
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     # ---- public API ----------------------------------------------------------------------------
     def generate(
@@ -59,8 +85,9 @@ class LLM:
         sampling_params: one SamplingParams for all prompts or a list of the same length;
             None uses SamplingParams() defaults.
         """
-        items = self._normalize_prompts(prompts)
-        return self._run(items, sampling_params, use_tqdm, what="prompts")
+        with self._serialised("generate"):
+            items = self._normalize_prompts(prompts)
+            return self._run(items, sampling_params, use_tqdm, what="prompts")
 
     def chat(
         self,
@@ -75,8 +102,14 @@ class LLM:
         Each conversation is rendered with the chat template (the model's, the LLM's
         `chat_template`, or this call's `chat_template`), with the generation prompt and
         `chat_template_kwargs` (e.g. {"enable_thinking": False}) passed to the template.
-        `RequestOutput.prompt` is the rendered text.
+        `RequestOutput.prompt` is the rendered text. A template that is a missing file raises
+        FileNotFoundError; one with a Jinja syntax error, or whose `raise_exception` fires for these
+        messages, raises ValueError naming `chat_template` (see chat_utils).
         """
+        with self._serialised("chat"):
+            return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template)
+
+    def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template):
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
         if not isinstance(messages, list) or not messages:
@@ -87,8 +120,8 @@ class LLM:
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
         tokenizer = self.get_tokenizer()
         items = []
-        for conversation in conversations:
-            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs)
+        for i, conversation in enumerate(conversations):
+            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs, i)
             items.append((text, tokenizer.encode(text, add_special_tokens=False)))
         return self._run(items, sampling_params, use_tqdm, what="messages")
 
@@ -164,6 +197,31 @@ class LLM:
             for request_id in order:  # after an interruption, release what is still queued
                 engine.abort_request(request_id)
         return results
+
+
+def configure_logging() -> None:
+    """Give the "fastdeploy" logger its own stderr handler, once per process; the root logger and
+    every other logger are left as the application set them.
+
+    Records still propagate to the root logger, so an application's (or pytest's) handlers see
+    them; our handler prints only while the root logger has no handler, so a record is never
+    printed twice. The level is set to INFO only if the application left it unset (NOTSET).
+    """
+    fd_logger = logging.getLogger("fastdeploy")
+    if not any(isinstance(h, _FallbackHandler) for h in fd_logger.handlers):
+        handler = _FallbackHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        fd_logger.addHandler(handler)
+    if fd_logger.level == logging.NOTSET:
+        fd_logger.setLevel(logging.INFO)
+
+
+class _FallbackHandler(logging.StreamHandler):
+    """stderr handler that stays silent once the root logger has handlers (they get the record)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            super().emit(record)
 
 
 def _is_token_id(value) -> bool:

@@ -56,7 +56,8 @@ class OutputProcessor:
         finished_ids, outputs = [], []
         for req_id, token_id in runner_output.sampled_token_ids.items():
             state = self.states.get(req_id)
-            if state is None:
+            if state is None:  # no completion waits for it (aborted): the scheduler must drop it too
+                finished_ids.append(req_id)
                 continue
             if self._append(state, token_id, runner_output.logprobs.get(req_id)):
                 finished_ids.append(req_id)
@@ -98,12 +99,13 @@ class OutputProcessor:
         return self._make_output(group)
 
     def abort(self, group_id: str) -> tuple[list[str], Optional[RequestOutput]]:
-        """Stop a prompt's unfinished completions: (their ids, the prompt's output with finish_reason
-        "abort" on them), or ([], None) for an unknown or finished prompt."""
+        """Stop a prompt's unfinished completions: (the ids of all its completions, for the scheduler
+        to drop; the prompt's output with finish_reason "abort" on the unfinished ones), or
+        ([], None) for an unknown or finished prompt."""
         group = self.groups.pop(group_id, None)
         if group is None:
             return [], None
-        aborted = [c.request_id for c in group.completions if not c.finished]
+        aborted = [c.request_id for c in group.completions]
         for state in group.completions:
             if not state.finished:
                 state.finish_reason = "abort"
@@ -118,7 +120,7 @@ class OutputProcessor:
             prompt=group.prompt,
             prompt_token_ids=list(group.prompt_token_ids),
             prompt_logprobs=group.prompt_logprobs,
-            outputs=CompletionOutputs(self._completion(c) for c in group.completions),
+            outputs=CompletionOutputs(self._completion(c, group.prompt_token_ids) for c in group.completions),
             finished=True,
             metrics=_metrics(group),
             num_cached_tokens=group.num_cached_tokens,
@@ -126,11 +128,13 @@ class OutputProcessor:
             error_msg=errors[0] if errors else None,
         )
 
-    def _completion(self, state: RequestState) -> CompletionOutput:
+    def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
         wants_logprobs = state.logprobs is not None
         reasoning, text = None, state.detokenizer.text
         if self.reasoning_parser is not None:
-            reasoning, text = self.reasoning_parser.extract(text)
+            reasoning, text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
+                text, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
+                prompt_token_ids)
         return CompletionOutput(
             index=state.index,
             send_idx=len(state.output_token_ids),

@@ -2,6 +2,8 @@
 
     from fastdeploy.reasoning import get_reasoning_parser
     reasoning_content, text = get_reasoning_parser("ernie_x1").extract(completion_text)
+    # or, when the tags may be special tokens dropped from the text (what the engine does):
+    reasoning_content, text = parser.extract_from_tokens(text, token_ids, tokenizer, skip_special_tokens)
 
 Names follow FastDeploy 2.3's `--reasoning-parser` values; as in FastDeploy's
 `ReasoningParserManager`, "_" in a name is read as "-" (so "ernie_x1" is "ernie-x1").

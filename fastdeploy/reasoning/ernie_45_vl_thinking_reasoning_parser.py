@@ -24,6 +24,7 @@ class Ernie45VLThinkingReasoningParser(ReasoningParser):
     """
 
     name = "ernie-45-vl-thinking"
+    tags = (THINK_END, TOOL_CALL_START)
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         if THINK_END not in text:

@@ -19,6 +19,7 @@ class ErnieVLReasoningParser(ReasoningParser):
     """
 
     name = "ernie-45-vl"
+    tags = (THINK_END,)
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         if THINK_END not in text:

@@ -33,6 +33,7 @@ class ErnieX1ReasoningParser(ReasoningParser):
     """
 
     name = "ernie-x1"
+    tags = (THINK_END, RESPONSE_START, RESPONSE_END, TOOL_CALL_START)
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         end = text.find(THINK_END)

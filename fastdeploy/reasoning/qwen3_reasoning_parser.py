@@ -32,6 +32,7 @@ class Qwen3ReasoningParser(ReasoningParser):
     """
 
     name = "qwen3"
+    tags = (THINK_START, THINK_END)
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         end = text.find(THINK_END)

@@ -37,7 +37,7 @@ def test_completion_is_split_by_the_configured_parser(smollm_llm, monkeypatch, n
     request_id = engine.enqueue(engine.make_request(None, [1, 2, 3], SamplingParams(max_tokens=2)))
     state = processor.groups[request_id].completions[0]
     state.detokenizer.text = text
-    completion = processor._completion(state)
+    completion = processor._completion(state, [1, 2, 3])
     engine.abort_request(request_id)
     assert (completion.reasoning_content, completion.text) == expected
 
