@@ -22,8 +22,10 @@ def smollm_path() -> str:
 def smollm_llm(smollm_path):
     """Our engine on the default model, shared by tests that only read from it."""
     from fastdeploy import LLM
+    from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN
 
-    return LLM(model=smollm_path, max_model_len=1024, max_num_seqs=16)
+    return LLM(model=smollm_path, max_model_len=SMOLLM_MAX_MODEL_LEN, block_size=SMOLLM_BLOCK_SIZE,
+               max_num_seqs=16)
 
 
 @pytest.fixture(scope="session")

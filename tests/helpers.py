@@ -9,6 +9,8 @@ from fastdeploy import SamplingParams
 
 STORY = "Once upon a time"  # a plain-text prompt whose continuation the tests read, never assume
 STORY_TOKENS = 12
+SMOLLM_MAX_MODEL_LEN = 1024  # the session smollm_llm's settings (conftest.py)
+SMOLLM_BLOCK_SIZE = 16
 NEAR_TIE = 1e-3  # top-2 logit gap below which float rounding may legitimately pick either token
 
 

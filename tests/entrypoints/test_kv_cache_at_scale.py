@@ -3,7 +3,8 @@ preemption and tiny pools change when tokens are computed, never which tokens co
 
 Oracle: the same prompts on an LLM with prefix caching off, chunked prefill off and a big pool
 (`llm_off`), with top-2 logprobs so a divergence is accepted only at a near-tie (top-2 logit gap
-below NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
+below helpers.NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
+Prefix caching on is the session `smollm_llm` (same block size), emptied with reset_prefix_cache().
 `num_cached_tokens` is checked by arithmetic: whole blocks, at most (prompt_len - 1) // block_size.
 Errors about the pool are checked for their numbers, and raised before any model is built.
 """
@@ -20,10 +21,11 @@ from fastdeploy.engine import args_utils
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.sched.scheduler import Scheduler
+from helpers import SMOLLM_BLOCK_SIZE, assert_same_greedy, run, top2_gaps
+from helpers import greedy as plain_greedy
 
 GiB = 1 << 30
-NEAR_TIE = 1e-3
-BLOCK = 16  # block size of the big-pool LLMs
+BLOCK = SMOLLM_BLOCK_SIZE  # block size of the big-pool LLMs, the session smollm_llm's included
 MAX_LEN = 512
 
 SYSTEM = (
@@ -70,40 +72,19 @@ CACHE_PROMPTS = [random_ids(1000 + n, n) for n in CACHE_LENGTHS]
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, **kw)
-
-
-def run(llm, prompts, params) -> list:
-    if prompts and isinstance(prompts[0], list):
-        prompts = [{"prompt_token_ids": p} for p in prompts]
-    return llm.generate(prompts, params, use_tqdm=False)
-
-
-def gaps_of(completion) -> list[float]:
-    """Top-2 logprob gap (= logit gap) at each generated position."""
-    out = []
-    for entry in completion.logprobs:
-        values = sorted((lp.logprob for lp in entry.values()), reverse=True)
-        out.append(values[0] - values[1] if len(values) > 1 else float("inf"))
-    return out
-
-
-def assert_same_greedy(ours: list[int], ref: list[int], gaps: list[float], what: str = "") -> None:
-    for i, (a, b) in enumerate(zip(ours, ref)):
-        if a != b:
-            assert gaps[i] < NEAR_TIE, f"{what} token {i}: got {a}, reference {b}, top-2 gap {gaps[i]:.2e}"
-            return  # a near-tie: the continuations may differ from here on
-    assert len(ours) == len(ref), f"{what} lengths differ: got {len(ours)}, reference {len(ref)}"
+    """Greedy with top-2 logprobs: the near-tie tolerance of assert_same_greedy needs them."""
+    return plain_greedy(max_tokens, logprobs=2, **kw)
 
 
 def assert_outputs_match(outputs, references, what: str) -> None:
     assert len(outputs) == len(references)
     for i, (o, r) in enumerate(zip(outputs, references)):
         assert o.prompt_token_ids == r.prompt_token_ids
-        assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, gaps_of(r.outputs), f"{what} prompt {i}:")
+        assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, top2_gaps(r.outputs), f"{what} prompt {i}:")
 
 
 def assert_pool_idle(llm) -> None:
+    """No request left and every KV block free (engine internals: the public API cannot see the pool)."""
     engine = llm.llm_engine
     pool = engine.block_pool
     assert not engine.has_unfinished_requests() and engine.groups == {}
@@ -113,11 +94,12 @@ def assert_pool_idle(llm) -> None:
 
 # ---- the LLMs (each ~8 s to build) ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def llm_on():
-    """Prefix caching on (the default). Its first generate call runs right here, on an empty cache."""
-    llm = LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16)
-    fresh = run(llm, CACHE_PROMPTS, greedy(8))
-    return SimpleNamespace(llm=llm, fresh=fresh)
+def llm_on(smollm_llm):
+    """Prefix caching on (the default): the session LLM. Its first generate call here runs on a
+    cache emptied by reset_prefix_cache()."""
+    assert smollm_llm.reset_prefix_cache() is True
+    fresh = run(smollm_llm, CACHE_PROMPTS, greedy(8))
+    return SimpleNamespace(llm=smollm_llm, fresh=fresh)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +218,6 @@ def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
     assert [full_blocks(n) for n in CACHE_LENGTHS] == [0, 0, 16, 32, 48, 64, 96]  # the arithmetic
     assert_outputs_match(hit, fresh, "hit vs miss")
     assert llm.reset_prefix_cache() is True
-    assert llm.llm_engine.block_pool.num_cached_blocks == 0
     after_reset = run(llm, CACHE_PROMPTS, greedy(8))
     assert [o.num_cached_tokens for o in after_reset] == [0] * len(CACHE_PROMPTS)
     assert_outputs_match(after_reset, fresh, "after reset vs miss")
@@ -246,7 +227,6 @@ def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
 def test_prefix_caching_off_reports_no_cached_tokens(llm_off):
     out = run(llm_off, CACHE_PROMPTS[3:5] * 2, greedy(2))
     assert [o.num_cached_tokens for o in out] == [0] * 4
-    assert llm_off.llm_engine.block_pool.num_cached_blocks == 0
 
 
 # ---- chunked prefill ---------------------------------------------------------------------------------
@@ -297,7 +277,7 @@ def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
     out = run(llm_small, prompts, params)
     assert len(out) == n and all(o is not None for o in out)
     assert len({o.request_id for o in out}) == n
-    eos = llm_small.llm_engine.eos_token_ids
+    eos = llm_small.get_tokenizer().eos_token_id
     for i, o in enumerate(out):
         assert o.prompt_token_ids == prompts[i], f"output {i} belongs to another prompt"
         c = o.outputs
@@ -305,12 +285,12 @@ def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
         if c.finish_reason == "length":
             assert len(c.token_ids) == params[i].max_tokens
         else:
-            assert c.finish_reason == "stop" and c.token_ids[-1] in eos, (i, c.finish_reason, c.token_ids)
+            assert c.finish_reason == "stop" and c.token_ids[-1] == eos, (i, c.finish_reason, c.token_ids)
     # a sample of them against the oracle (one batch there): each output is its own prompt's
     sample = sorted(rng.sample(range(n), 24))
     refs = reference([prompts[i] for i in sample], [greedy(params[i].max_tokens) for i in sample])
     for i, ref in zip(sample, refs):
-        assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, gaps_of(ref.outputs), f"request {i}:")
+        assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, top2_gaps(ref.outputs), f"request {i}:")
     assert_pool_idle(llm_small)
 
 
