@@ -102,21 +102,23 @@ def llm_on(smollm_llm):
     return SimpleNamespace(llm=smollm_llm, fresh=fresh)
 
 
+def big_pool_llm(**scheduling) -> LLM:
+    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, **scheduling)
+
+
 @pytest.fixture(scope="module")
 def llm_off():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_prefix_caching=False)
+    return big_pool_llm(enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
 def llm_chunk16():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
-               max_num_batched_tokens=16)
+    return big_pool_llm(enable_chunked_prefill=True, max_num_batched_tokens=16)
 
 
 @pytest.fixture(scope="module")
 def llm_chunk64():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
-               max_num_batched_tokens=64)
+    return big_pool_llm(enable_chunked_prefill=True, max_num_batched_tokens=64)
 
 
 SMALL_BLOCK, SMALL_LEN, SMALL_BLOCKS = 8, 160, 21  # 20 usable blocks = one max_model_len sequence
