@@ -6,6 +6,7 @@ Nothing here knows the model's text: expectations come from live runs without th
 test (`story` in conftest.py), from the tokenizer, and from the rules each option states.
 """
 import dataclasses
+import math
 
 import pytest
 
@@ -140,6 +141,40 @@ def test_different_seeds_give_different_samples(smollm_llm):
     outs = run(smollm_llm, [STORY] * 3, [SEEDED.clone(seed=s, max_tokens=16, ignore_eos=True) for s in (1, 2, 3)])
     ids = [o.outputs.token_ids for o in outs]
     assert len({tuple(i) for i in ids}) == 3
+
+
+OPEN_PROMPTS = ["My favourite colour is", "The sea is", "Paris is a city where", "I like to eat"]
+
+
+def sample_first_tokens(llm, prompt, count, **params):
+    """The first token of `count` seeded one-token samples (seeds 0..count-1), one batch."""
+    outs = run(llm, [prompt] * count, [SamplingParams(seed=s, max_tokens=1, **params) for s in range(count)])
+    return [o.outputs.token_ids[0] for o in outs]
+
+
+def test_seeded_samples_follow_the_models_distribution(smollm_llm):
+    """Across seeds, the first token's frequencies match the probabilities the model reports
+    (temperature 1, nothing truncated) within 4 standard errors; with top_k=2 only the two most
+    likely tokens come out, in proportion to their renormalised probabilities. The prompt is the
+    one of OPEN_PROMPTS whose first token is least certain."""
+    heads = run(smollm_llm, OPEN_PROMPTS, greedy(1, logprobs=5))
+    probs = [{t: math.exp(lp.logprob) for t, lp in o.outputs.logprobs[0].items()} for o in heads]
+    i = min(range(len(OPEN_PROMPTS)), key=lambda i: max(probs[i].values()))
+    probs = probs[i]
+    assert max(probs.values()) < 0.8, f"no open first token among the prompts: {probs}"
+    count = 100
+
+    def assert_frequencies(samples, expected):
+        for t, p in expected.items():
+            f = samples.count(t) / count
+            assert abs(f - p) <= 4 * math.sqrt(p * (1 - p) / count) + 1e-9, (t, f, p)
+
+    free = sample_first_tokens(smollm_llm, OPEN_PROMPTS[i], count, temperature=1.0, top_p=1.0, top_k=0)
+    assert_frequencies(free, probs)
+    top2 = sorted(probs, key=probs.get, reverse=True)[:2]
+    samples = sample_first_tokens(smollm_llm, OPEN_PROMPTS[i], count, temperature=1.0, top_p=1.0, top_k=2)
+    assert set(samples) <= set(top2)
+    assert_frequencies(samples, {t: probs[t] / (probs[top2[0]] + probs[top2[1]]) for t in top2})
 
 
 # ---- abort -------------------------------------------------------------------------------------
