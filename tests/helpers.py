@@ -71,3 +71,19 @@ def assert_same_greedy(ours: list[int], ref: list[int], gaps: list[float], what:
             assert gaps[i] < NEAR_TIE, f"{what} token {i}: got {a}, reference {b}, top-2 gap {gaps[i]:.2e}"
             return
     assert len(ours) == len(ref), f"{what} lengths differ: got {len(ours)}, reference {len(ref)}"
+
+
+# ---- engine internals ----------------------------------------------------------------------------
+# The public API can neither see the KV block pool nor abort one request. The few tests that must
+# read them go through these two helpers, so a restructured engine core changes them here only.
+def blocks_in_use(llm) -> int:
+    pool = llm.llm_engine.block_pool
+    return pool.num_usable_blocks - pool.num_free_blocks
+
+
+def assert_engine_idle(llm) -> None:
+    """No request left, every KV block free, no block referenced (no leak, no negative count)."""
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.groups == {}
+    assert blocks_in_use(llm) == 0
+    assert all(c == 0 for c in engine.block_pool.ref_counts)

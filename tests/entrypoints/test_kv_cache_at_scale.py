@@ -21,7 +21,7 @@ from fastdeploy.engine import args_utils
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.sched.scheduler import Scheduler
-from helpers import SMOLLM_BLOCK_SIZE, assert_same_greedy, run, top2_gaps
+from helpers import SMOLLM_BLOCK_SIZE, assert_engine_idle, assert_same_greedy, blocks_in_use, run, top2_gaps
 from helpers import greedy as plain_greedy
 
 GiB = 1 << 30
@@ -81,15 +81,6 @@ def assert_outputs_match(outputs, references, what: str) -> None:
     for i, (o, r) in enumerate(zip(outputs, references)):
         assert o.prompt_token_ids == r.prompt_token_ids
         assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, top2_gaps(r.outputs), f"{what} prompt {i}:")
-
-
-def assert_pool_idle(llm) -> None:
-    """No request left and every KV block free (engine internals: the public API cannot see the pool)."""
-    engine = llm.llm_engine
-    pool = engine.block_pool
-    assert not engine.has_unfinished_requests() and engine.groups == {}
-    assert pool.num_free_blocks == pool.num_usable_blocks
-    assert all(c == 0 for c in pool.ref_counts)
 
 
 # ---- the LLMs (each ~8 s to build) ----------------------------------------------------------------
@@ -200,7 +191,7 @@ def test_shared_system_prompt_same_tokens_with_and_without_prefix_caching(llm_on
     again = run(llm, SHARED, params)
     assert_outputs_match(again, ref, "prefix caching, repeat")
     assert [o.num_cached_tokens for o in again] == [full_blocks(n) for n in lengths]
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_unrelated_prompts_same_tokens_with_and_without_prefix_caching(llm_on, reference):
@@ -208,7 +199,7 @@ def test_unrelated_prompts_same_tokens_with_and_without_prefix_caching(llm_on, r
     ref = reference(UNRELATED, params)
     for attempt in range(2):
         assert_outputs_match(run(llm_on.llm, UNRELATED, params), ref, f"unrelated, run {attempt}")
-    assert_pool_idle(llm_on.llm)
+    assert_engine_idle(llm_on.llm)
 
 
 def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
@@ -223,7 +214,7 @@ def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
     after_reset = run(llm, CACHE_PROMPTS, greedy(8))
     assert [o.num_cached_tokens for o in after_reset] == [0] * len(CACHE_PROMPTS)
     assert_outputs_match(after_reset, fresh, "after reset vs miss")
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_prefix_caching_off_reports_no_cached_tokens(llm_off):
@@ -253,7 +244,7 @@ def test_chunked_prefill_gives_the_same_tokens_as_unchunked(request, budget, ref
     assert_outputs_match(out, reference(prompts, params), f"chunked prefill, budget {budget}")
     assert max(step_tokens) == budget  # prompts were cut into budget-sized steps
     assert sum(len(o.prompt_token_ids) for o in out) > 2 * budget
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 # ---- preemption ---------------------------------------------------------------------------------------
@@ -268,7 +259,7 @@ def test_tiny_pool_preempts_often_and_gives_the_same_tokens(llm_small, reference
     assert preemptions[0] >= 10, f"only {preemptions[0]} preemptions: the pool was meant to be far too small"
     assert_outputs_match(out, reference(prompts, params), "tiny pool")
     assert all(len(o.outputs.token_ids) == 16 for o in out)
-    assert_pool_idle(llm_small)
+    assert_engine_idle(llm_small)
 
 
 def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
@@ -293,7 +284,7 @@ def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
     refs = reference([prompts[i] for i in sample], [greedy(params[i].max_tokens) for i in sample])
     for i, ref in zip(sample, refs):
         assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, top2_gaps(ref.outputs), f"request {i}:")
-    assert_pool_idle(llm_small)
+    assert_engine_idle(llm_small)
 
 
 # ---- abort ----------------------------------------------------------------------------------------------
@@ -309,16 +300,16 @@ def test_abort_frees_every_block_including_shared_cached_ones(llm_on, reference)
     engine.step()
     engine.step()
     assert max(pool.ref_counts) >= 3, "the three requests were meant to share the system prompt's blocks"
-    assert pool.num_free_blocks < pool.num_usable_blocks
+    assert blocks_in_use(llm) > 0
     outputs = [engine.abort_request(i) for i in ids]
     assert all(o.outputs.finish_reason == "abort" for o in outputs)
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
     assert engine.abort_request(ids[0]) is None  # unknown now
     # the aborted requests' blocks stay cached and serve a later request correctly
     out = run(llm, [prompts[0]], greedy(8))
     assert out[0].num_cached_tokens == full_blocks(len(prompts[0]))
     assert_outputs_match(out, reference([prompts[0]], greedy(8)), "after abort")
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, reference):
@@ -329,12 +320,12 @@ def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, refer
         assert engine.step() == []  # 16 prompt tokens per step: nothing finishes
     out = engine.abort_request(request_id)
     assert out.outputs.finish_reason == "abort" and out.outputs.token_ids == []
-    assert_pool_idle(llm_chunk16)
+    assert_engine_idle(llm_chunk16)
     # the 3 blocks computed before the abort are found again, and hold the right KV
     again = run(llm_chunk16, [prompt], greedy(8))
     assert again[0].num_cached_tokens == 3 * BLOCK
     assert_outputs_match(again, reference([prompt], greedy(8)), "after aborted prefill")
-    assert_pool_idle(llm_chunk16)
+    assert_engine_idle(llm_chunk16)
 
 
 # ---- errors with their numbers ----------------------------------------------------------------------------
@@ -391,7 +382,7 @@ def test_prompt_needing_more_blocks_than_the_pool(llm_small):
     assert -(-(SMALL_LEN - 1) // SMALL_BLOCK) <= usable
     out = run(llm_small, [random_ids(4000, SMALL_LEN - 1)], SamplingParams(temperature=0, max_tokens=5))
     assert len(out[0].outputs.token_ids) == 1  # room for one token only
-    assert_pool_idle(llm_small)
+    assert_engine_idle(llm_small)
     stub = SimpleNamespace(config=engine.config, block_pool=BlockPool(5))  # 4 usable blocks of 8 tokens
     with pytest.raises(ValueError) as e:
         LLMEngine.validate_prompt(stub, random_ids(5000, 33), index=3)

@@ -12,7 +12,7 @@ import pytest
 
 from fastdeploy import SamplingParams
 from fastdeploy.engine.request import CompletionOutput, CompletionOutputs, RequestOutput
-from helpers import STORY, contains, first, greedy, run, story_params, token_offsets
+from helpers import STORY, assert_engine_idle, blocks_in_use, contains, first, greedy, run, story_params, token_offsets
 
 REPEAT = "List: apple, apple, apple, apple,"  # a prompt that invites repetition (checked, not assumed)
 
@@ -180,8 +180,7 @@ def test_seeded_samples_follow_the_models_distribution(smollm_llm):
 # ---- abort -------------------------------------------------------------------------------------
 def test_abort_mid_generation_frees_everything_and_spares_the_others(smollm_llm, tok, story):
     engine = smollm_llm.llm_engine
-    pool = engine.block_pool
-    assert not engine.has_unfinished_requests() and pool.num_free_blocks == pool.num_usable_blocks
+    assert_engine_idle(smollm_llm)
     ids = tok.encode(STORY, add_special_tokens=False)
     victim = engine.add_request(STORY, ids, greedy(30, ignore_eos=True))
     group = engine.add_request(STORY, ids, SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=30))
@@ -189,7 +188,7 @@ def test_abort_mid_generation_frees_everything_and_spares_the_others(smollm_llm,
     finished = []
     for _ in range(4):
         finished += engine.step()
-    assert finished == [] and pool.num_free_blocks < pool.num_usable_blocks
+    assert finished == [] and blocks_in_use(smollm_llm) > 0
     out = engine.abort_request(victim)
     assert isinstance(out, RequestOutput) and out.request_id == victim
     assert out.outputs.finish_reason == "abort" and out.outputs.stop_reason is None
@@ -203,27 +202,25 @@ def test_abort_mid_generation_frees_everything_and_spares_the_others(smollm_llm,
         finished += engine.step()
     assert [o.request_id for o in finished] == [survivor]
     assert finished[0].outputs.token_ids == story.token_ids and finished[0].outputs.finish_reason == "length"
-    assert not engine.has_unfinished_requests()
-    assert pool.num_free_blocks == pool.num_usable_blocks
+    assert_engine_idle(smollm_llm)
     # a request aborted before it ever ran
     waiting = engine.add_request(STORY, ids, greedy(8))
     out = engine.abort_request(waiting)
     assert out.outputs.finish_reason == "abort" and out.outputs.token_ids == []
-    assert not engine.has_unfinished_requests() and pool.num_free_blocks == pool.num_usable_blocks
+    assert_engine_idle(smollm_llm)
     # the LLM still works
     assert first(smollm_llm, STORY, story_params()).token_ids == story.token_ids
 
 
 def test_abort_right_after_add_leaves_the_engine_clean(smollm_llm, tok):
     engine = smollm_llm.llm_engine
-    pool = engine.block_pool
     ids = tok.encode("Hello", add_special_tokens=False)
     rid = engine.add_request("Hello", ids, greedy(4))
     engine.step()  # prefill: blocks taken
-    assert pool.num_free_blocks < pool.num_usable_blocks
+    assert blocks_in_use(smollm_llm) > 0
     engine.abort_request(rid)
-    assert engine.step() == [] and not engine.has_unfinished_requests()
-    assert pool.num_free_blocks == pool.num_usable_blocks
+    assert engine.step() == []
+    assert_engine_idle(smollm_llm)
 
 
 # ---- penalties and bad words -------------------------------------------------------------------
@@ -301,4 +298,4 @@ def test_n_above_1_is_rejected_when_the_models_default_temperature_is_greedy(smo
     monkeypatch.setitem(smollm_llm.llm_engine.config.generation_config, "temperature", 0.0)
     with pytest.raises(ValueError, match=r"^n must be 1 with greedy decoding"):
         smollm_llm.generate(STORY, SamplingParams(n=2, max_tokens=2), use_tqdm=False)
-    assert not smollm_llm.llm_engine.has_unfinished_requests()
+    assert_engine_idle(smollm_llm)
