@@ -6,7 +6,7 @@ Oracle: the same prompts on an LLM with prefix caching off, chunked prefill off 
 below helpers.NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
 Prefix caching on is the session `smollm_llm` (same block size), emptied with reset_prefix_cache().
 `num_cached_tokens` is checked by arithmetic: whole blocks, at most (prompt_len - 1) // block_size.
-Errors about the pool are checked for their numbers, and raised before any model is built.
+Errors about sizing the pool: test_kv_pool_errors.py.
 """
 from __future__ import annotations
 
@@ -17,14 +17,11 @@ import pytest
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.cache_manager.block_pool import BlockPool
-from fastdeploy.engine import args_utils
-from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.sched.scheduler import Scheduler
 from helpers import SMOLLM_BLOCK_SIZE, assert_engine_idle, assert_same_greedy, blocks_in_use, run, top2_gaps
 from helpers import greedy as plain_greedy
 
-GiB = 1 << 30
 BLOCK = SMOLLM_BLOCK_SIZE  # block size of the big-pool LLMs, the session smollm_llm's included
 MAX_LEN = 512
 
@@ -132,19 +129,6 @@ def reference(llm_off):
         return memo[key]
 
     return get
-
-
-@pytest.fixture
-def no_model_build(monkeypatch):
-    """Building the model fails loudly: settings errors must come before it."""
-
-    class Refuse:
-        def __init__(self, *args, **kwargs):
-            raise AssertionError("the model was being built although the settings are invalid")
-
-    import fastdeploy.model_executor.models as models
-
-    monkeypatch.setattr(models, "get_model_class", lambda architecture: Refuse)
 
 
 @pytest.fixture
@@ -328,51 +312,7 @@ def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, refer
     assert_engine_idle(llm_chunk16)
 
 
-# ---- errors with their numbers ----------------------------------------------------------------------------
-def test_pool_smaller_than_one_sequence_is_rejected_with_its_numbers(no_model_build):
-    with pytest.raises(ValueError) as e:
-        LLM(max_model_len=SMALL_LEN, block_size=SMALL_BLOCK, num_gpu_blocks_override=SMALL_BLOCKS - 1)
-    message = str(e.value)
-    for part in ("num_gpu_blocks_override=20", "19 usable blocks", "max_model_len=160", "needs 20 blocks",
-                 "of 8 tokens", "at least 21"):
-        assert part in message, f"{part!r} not in: {message}"
-
-
-def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(llm_small, no_model_build, monkeypatch):
-    mc = llm_small.llm_engine.config.model_config
-    weights = mc.weight_bytes()
-    tiny = 64 << 20
-    monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: tiny)
-    with pytest.raises(ValueError) as e:
-        LLM(max_model_len=8192, block_size=64)
-    message = str(e.value)
-    needed = (8192 // 64 + 1) * 64 * mc.kv_bytes_per_token()
-    for part in (f"needs {needed / GiB:.2f} GiB", "0.00 GiB is available", f"{tiny / GiB:.2f} GiB free memory",
-                 f"{weights / GiB:.2f} GiB weights", "max_model_len", "gpu_memory_utilization"):
-        assert part in message, f"{part!r} not in: {message}"
-
-
-def test_pool_sizing_from_memory_arithmetic(monkeypatch, llm_small):
-    """cache_config with a patched memory size: num_blocks = min(budget // block_bytes, useful)."""
-    mc = llm_small.llm_engine.config.model_config
-    weights = mc.weight_bytes()
-    block_size, max_len, seqs, util = 16, 256, 4, 0.5
-    block_bytes = mc.kv_bytes_per_token() * block_size
-    per_seq = max_len // block_size  # 16
-    useful = seqs * per_seq + 1  # 65
-
-    def blocks_with_budget(budget_bytes):
-        monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
-        args = EngineArgs(max_model_len=max_len, block_size=block_size, max_num_seqs=seqs, gpu_memory_utilization=util)
-        return args.cache_config(mc, weights).num_blocks
-
-    assert blocks_with_budget((per_seq + 1) * block_bytes) == per_seq + 1  # just one sequence + the null block
-    assert blocks_with_budget(40 * block_bytes + block_bytes // 2) == 40
-    assert blocks_with_budget(1000 * block_bytes) == useful  # no more than max_num_seqs sequences use
-    with pytest.raises(ValueError, match="max_model_len=256 sequence needs"):
-        blocks_with_budget((per_seq + 1) * block_bytes - block_bytes // 2)
-
-
+# ---- prompts against the pool's size ------------------------------------------------------------------
 def test_prompt_needing_more_blocks_than_the_pool(llm_small):
     """Through LLM() no prompt can need more blocks than the pool: the pool holds one
     max_model_len sequence, and a prompt is shorter. The longest prompt fills the whole pool and
