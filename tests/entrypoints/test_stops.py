@@ -35,6 +35,17 @@ def spans(tok, story):
             if offs[k] is not None and offs[k + 1] is not None and offs[k + 1] > offs[k]]
 
 
+def adjacent(tok, story):
+    """(j, a, b, e): generated tokens j >= 1 and j + 1 are story.text[a:b] and story.text[b:e]."""
+    s = spans(tok, story)
+    return [(j, a, b, e) for (j, a, b), (j2, b2, e) in zip(s, s[1:]) if j2 == j + 1 and b2 == b]
+
+
+def first_at(text, stop, pos):
+    """A usable stop string: not blank, and its first occurrence in text is at pos."""
+    return bool(stop.strip()) and text.find(stop) == pos
+
+
 def pick(candidates, story, what):
     assert candidates, f"no {what} in the greedy run {story.text!r}"
     return candidates[0]
@@ -44,8 +55,7 @@ def one_token_stops(tok, story):
     """(k, stop): token k's text, a single token on its own, first found exactly there."""
     text = story.text
     return [(k, text[a:b]) for k, a, b in spans(tok, story)
-            if text[a:b].strip() and text.find(text[a:b]) == a
-            and len(tok.encode(text[a:b], add_special_tokens=False)) == 1]
+            if first_at(text, text[a:b], a) and len(tok.encode(text[a:b], add_special_tokens=False)) == 1]
 
 
 # ---- stop strings ------------------------------------------------------------------------------
@@ -56,33 +66,30 @@ def test_stop_string_of_one_token(smollm_llm, tok, story):
 
 
 def test_stop_string_of_several_tokens(smollm_llm, tok, story):
-    text, s = story.text, spans(tok, story)
-    pairs = [(k, text[a:e]) for (k, a, b), (k2, b2, e) in zip(s, s[1:])
-             if k2 == k + 1 and b2 == b and text[a:e].strip() and text.find(text[a:e]) == a
-             and len(tok.encode(text[a:e], add_special_tokens=False)) >= 2]
-    k, stop = pick(pairs, story, "two-token piece")
+    text = story.text
+    pairs = [(j, text[a:e]) for j, a, b, e in adjacent(tok, story)
+             if first_at(text, text[a:e], a) and len(tok.encode(text[a:e], add_special_tokens=False)) >= 2]
+    j, stop = pick(pairs, story, "two-token piece")
     out = check_stop(smollm_llm, tok, story, stop)
-    assert out.token_ids == story.token_ids[: k + 2]
+    assert out.token_ids == story.token_ids[: j + 2]
 
 
 def test_stop_string_ending_inside_a_token_cuts_exactly_before_it(smollm_llm, tok, story):
-    """The stop covers token j-1 and all but the last character of token j."""
-    text, s = story.text, spans(tok, story)
-    bounds = set(token_offsets(tok, story.token_ids))
-    found = [(j, a, text[a : e - 1]) for (i, a, c), (j, b, e) in zip(s, s[1:])
-             if j == i + 1 and c == b and j >= 2 and e - b >= 2 and text[a : e - 1].strip() and text.find(text[a : e - 1]) == a]
+    """The stop covers token j and all but the last character of token j + 1."""
+    text, bounds = story.text, set(token_offsets(tok, story.token_ids))
+    found = [(j, a, text[a : e - 1]) for j, a, b, e in adjacent(tok, story)
+             if e - b >= 2 and first_at(text, text[a : e - 1], a)]
     j, start, stop = pick(found, story, "token of 2+ characters after another")
     assert start + len(stop) not in bounds
     out = check_stop(smollm_llm, tok, story, stop)
-    assert out.text == text[:start] and out.token_ids == story.token_ids[: j + 1]
+    assert out.text == text[:start] and out.token_ids == story.token_ids[: j + 2]
 
 
 def test_stop_string_starting_and_ending_inside_tokens_with_include(smollm_llm, tok, story):
     """The stop starts after the first character of token j and ends before the last of token j+1."""
-    text, s = story.text, spans(tok, story)
-    bounds = set(token_offsets(tok, story.token_ids))
-    found = [(j, a + 1, text[a + 1 : e - 1]) for (j, a, b), (j2, b2, e) in zip(s, s[1:])
-             if j2 == j + 1 and b2 == b and b - a >= 2 and e - b >= 2 and text.find(text[a + 1 : e - 1]) == a + 1]
+    text, bounds = story.text, set(token_offsets(tok, story.token_ids))
+    found = [(j, a + 1, text[a + 1 : e - 1]) for j, a, b, e in adjacent(tok, story)
+             if b - a >= 2 and e - b >= 2 and first_at(text, text[a + 1 : e - 1], a + 1)]
     j, pos, stop = pick(found, story, "two adjacent tokens of 2+ characters")
     assert pos not in bounds and pos + len(stop) not in bounds
     out = check_stop(smollm_llm, tok, story, stop, include=True)
@@ -101,16 +108,17 @@ def test_include_stop_str_in_output_keeps_a_multi_token_stop(smollm_llm, tok, st
 
 
 def test_with_several_stop_strings_the_earliest_in_the_text_wins(smollm_llm, tok, story):
-    text, s = story.text, spans(tok, story)
-    # one token (j) completes both; the list order must not decide: the one starting earlier wins
-    same = [(text[b + 1 : e], text[a:e]) for (i, a, c), (j, b, e) in zip(s, s[1:])
-            if j == i + 1 and c == b and e - b >= 3 and text.find(text[b + 1 : e]) == b + 1 and text.find(text[a:e]) == a]
+    text = story.text
+    # one token (j + 1) completes both; the list order must not decide: the one starting earlier wins
+    same = [(text[b + 1 : e], text[a:e]) for j, a, b, e in adjacent(tok, story)
+            if e - b >= 3 and first_at(text, text[b + 1 : e], b + 1) and first_at(text, text[a:e], a)]
     suffix, longer = pick(same, story, "token of 3+ characters after another")
     # completed by different tokens: the one completed first wins, wherever it is in the list
     singles = one_token_stops(tok, story)
     assert len(singles) >= 2, f"fewer than two single-token pieces in {text!r}"
     earlier, later = singles[0][1], singles[-1][1]
-    a, b = run(smollm_llm, [STORY, STORY], [story_params(stop=[suffix, longer]), story_params(stop=[later, earlier])])
+    a, b = run(smollm_llm, [STORY, STORY],
+               [story_params(stop=[suffix, longer]), story_params(stop=[later, earlier])])
     for out, stop in ((a, longer), (b, earlier)):
         text_cut, ids = stop_oracle(tok, story, stop)
         assert (out.outputs.text, out.outputs.token_ids, out.outputs.stop_reason) == (text_cut, ids, stop)
@@ -128,7 +136,8 @@ def test_stop_strings_are_matched_in_the_generated_text_only(smollm_llm, tok, st
 
 
 def test_stop_string_completed_before_min_tokens_is_ignored(smollm_llm, tok, story):
-    once = [(k, stop) for k, stop in one_token_stops(tok, story) if story.text.count(stop) == 1 and k + 2 <= STORY_TOKENS]
+    once = [(k, stop) for k, stop in one_token_stops(tok, story)
+            if story.text.count(stop) == 1 and k + 2 <= STORY_TOKENS]
     k, stop = pick(once, story, "single-token piece found once")
     out = first(smollm_llm, STORY, story_params(stop=[stop], min_tokens=k + 2))  # completed at k + 1 tokens
     assert out.token_ids == story.token_ids and out.text == story.text
