@@ -9,10 +9,9 @@ is accepted from that position on (and only there).
 import pytest
 import torch
 
-from fastdeploy import SamplingParams
+from helpers import assert_same_greedy, chat, greedy, run
 
 MAX_TOKENS = 48
-NEAR_TIE = 1e-3
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -30,25 +29,17 @@ QUESTIONS = [
 ]
 
 
-def reference_greedy(hf, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+def reference_greedy(hf, prompt_ids: list[int], eos: int) -> tuple[list[int], list[float]]:
     """transformers' greedy tokens and, at each generated position, the top-2 logit gap."""
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=MAX_TOKENS,
-                          output_logits=True, return_dict_in_generate=True, eos_token_id=2)
+                          output_logits=True, return_dict_in_generate=True, eos_token_id=eos)
     tokens = out.sequences[0, len(prompt_ids):].tolist()
     gaps = []
     for logits in out.logits:
         top2 = torch.topk(logits[0].float(), 2).values
         gaps.append(float(top2[0] - top2[1]))
     return tokens, gaps
-
-
-def assert_same_greedy(ours: list[int], ref: list[int], gaps: list[float]) -> None:
-    for i, (a, b) in enumerate(zip(ours, ref)):
-        if a != b:
-            assert gaps[i] < NEAR_TIE, f"token {i}: ours {a}, transformers {b}, top-2 gap {gaps[i]:.2e}"
-            return  # a near-tie: the continuations may differ from here on
-    assert len(ours) == len(ref), f"lengths differ: ours {len(ours)}, transformers {len(ref)}"
 
 
 @pytest.fixture(scope="module")
@@ -63,27 +54,27 @@ def chat_prompts(smollm_llm):
 
 
 @pytest.fixture(scope="module")
-def references(smollm_hf, chat_prompts):
-    return [reference_greedy(smollm_hf, p) for p in chat_prompts]
+def references(smollm_hf, chat_prompts, tok):
+    return [reference_greedy(smollm_hf, p, tok.eos_token_id) for p in chat_prompts]
 
 
 def test_greedy_batched_matches_transformers(smollm_llm, chat_prompts, references):
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    outputs = smollm_llm.generate([{"prompt_token_ids": p} for p in chat_prompts], params, use_tqdm=False)
-    for output, (ref, gaps) in zip(outputs, references):
-        assert_same_greedy(output.outputs.token_ids, ref, gaps)
+    outputs = run(smollm_llm, chat_prompts, greedy(MAX_TOKENS))
+    for i, (output, (ref, gaps)) in enumerate(zip(outputs, references)):
+        assert_same_greedy(output.outputs.token_ids, ref, gaps, f"question {i}:")
 
 
 def test_greedy_one_by_one_matches_transformers(smollm_llm, chat_prompts, references):
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    for prompt, (ref, gaps) in zip(chat_prompts, references):
-        output = smollm_llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
-        assert_same_greedy(output.outputs.token_ids, ref, gaps)
+    for i, (prompt, (ref, gaps)) in enumerate(zip(chat_prompts, references)):
+        output = run(smollm_llm, {"prompt_token_ids": prompt}, greedy(MAX_TOKENS))[0]
+        assert_same_greedy(output.outputs.token_ids, ref, gaps, f"question {i}:")
 
 
-def test_chat_renders_the_same_prompt_ids(smollm_llm, chat_prompts):
-    """LLM.chat must tokenize the rendered template exactly as the test's prompts above."""
-    params = SamplingParams(temperature=0, max_tokens=1)
-    outputs = smollm_llm.chat([[{"role": "user", "content": q}] for q in QUESTIONS], params, use_tqdm=False)
+def test_chat_renders_the_same_prompt_ids(smollm_llm, chat_prompts, tok):
+    """LLM.chat must tokenize the rendered template exactly as the test's prompts above, with the
+    generation prompt (the rendering differs from the one without it by a suffix)."""
+    conversations = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    outputs = chat(smollm_llm, conversations, greedy(1))
     assert [o.prompt_token_ids for o in outputs] == chat_prompts
-    assert outputs[0].prompt.endswith("<|im_start|>assistant\n")
+    bare = tok.apply_chat_template(conversations[0], tokenize=False, add_generation_prompt=False)
+    assert outputs[0].prompt.startswith(bare) and len(outputs[0].prompt) > len(bare)

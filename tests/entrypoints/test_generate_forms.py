@@ -1,10 +1,11 @@
-"""LLM.generate / LLM.chat input forms, output order and output fields, on the default model."""
+"""LLM.generate / LLM.chat input forms, output order, progress bar and run-time failures, on the
+default model. (Output fields: test_logprobs_contract.py; stops and min_tokens: test_stops.py.)"""
 import copy
 import dataclasses
 
-from fastdeploy import SamplingParams
+from helpers import SMOLLM_MAX_MODEL_LEN, chat, first, greedy, run
 
-GREEDY = SamplingParams(temperature=0, max_tokens=8)
+GREEDY = greedy(8, ignore_eos=True)
 
 
 def _tokens(outputs):
@@ -25,7 +26,7 @@ def test_every_prompt_form_gives_the_same_tokens(smollm_llm):
         [{"prompt": text}],
         [{"prompt_token_ids": ids}],
     ]
-    results = [smollm_llm.generate(form, GREEDY, use_tqdm=False) for form in forms]
+    results = [run(smollm_llm, form, GREEDY) for form in forms]
     for outputs in results:
         assert len(outputs) == 1
         assert outputs[0].prompt_token_ids == ids
@@ -36,29 +37,18 @@ def test_every_prompt_form_gives_the_same_tokens(smollm_llm):
 
 def test_batch_of_very_different_lengths_comes_back_in_input_order(smollm_llm):
     prompts = ["Hi", "Tell me a long story about " + "a dragon and a knight, " * 60, "1 2 3", "Why?" * 20]
-    params = [SamplingParams(temperature=0, max_tokens=n) for n in (5, 9, 3, 7)]
-    batched = smollm_llm.generate(prompts, params, use_tqdm=False)
-    alone = [smollm_llm.generate(p, sp, use_tqdm=False)[0] for p, sp in zip(prompts, params)]
+    params = [greedy(n, ignore_eos=True) for n in (5, 9, 3, 7)]
+    batched = run(smollm_llm, prompts, params)
+    alone = [run(smollm_llm, p, sp)[0] for p, sp in zip(prompts, params)]
     assert [o.prompt for o in batched] == prompts
     assert _tokens(batched) == _tokens(alone)
     assert [len(o.outputs.token_ids) for o in batched] == [5, 9, 3, 7]
 
 
-def test_output_fields_are_filled(smollm_llm):
-    out = smollm_llm.generate("Paris is", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
-    assert out.finished is True
-    assert out.outputs.finish_reason in ("stop", "length")
-    assert out.outputs.text == smollm_llm.get_tokenizer().decode(out.outputs.token_ids, skip_special_tokens=True)
-    m = out.metrics
-    assert m.arrival_time <= m.inference_start_time
-    assert 0 <= m.time_in_queue and 0 < m.first_token_time <= m.model_forward_time <= m.model_execute_time
-    assert out.error_code == 200 and out.error_msg is None
-
-
 def test_chat_single_conversation_and_batch(smollm_llm):
     conv = [{"role": "user", "content": "Name a fruit."}]
-    single = smollm_llm.chat(conv, GREEDY, use_tqdm=False)
-    batch = smollm_llm.chat([conv, [{"role": "user", "content": "Name a color."}]], GREEDY, use_tqdm=False)
+    single = chat(smollm_llm, conv, GREEDY)
+    batch = chat(smollm_llm, [conv, [{"role": "user", "content": "Name a color."}]], GREEDY)
     assert len(single) == 1 and len(batch) == 2
     assert single[0].outputs.token_ids == batch[0].outputs.token_ids
     assert single[0].outputs.token_ids != batch[1].outputs.token_ids
@@ -85,38 +75,17 @@ def test_use_tqdm_false_prints_nothing_and_true_shows_speeds(smollm_llm, capsys)
 
 def test_callers_params_and_dicts_are_not_mutated(smollm_llm):
     """max_tokens beyond the room left is clamped on the engine's copy, never on the caller's object."""
-    params = SamplingParams(temperature=0, max_tokens=5000, stop=["\n\n"])
+    params = greedy(5000, stop=["\n\n"])
     room = 8
-    ids = smollm_llm.get_tokenizer().encode("one two three " * 400, add_special_tokens=False)[: 1024 - room]
+    ids = smollm_llm.get_tokenizer().encode("one two three " * 400, add_special_tokens=False)
+    ids = ids[: SMOLLM_MAX_MODEL_LEN - room]
+    assert len(ids) == SMOLLM_MAX_MODEL_LEN - room
     prompt = {"prompt_token_ids": ids}
     before_params, before_prompt = dataclasses.asdict(params), copy.deepcopy(prompt)
-    outputs = smollm_llm.generate([prompt, prompt], params, use_tqdm=False)
+    outputs = run(smollm_llm, [prompt, prompt], params)
     assert all(len(o.outputs.token_ids) <= room for o in outputs)
     assert dataclasses.asdict(params) == before_params
     assert prompt == before_prompt
-
-
-def test_stop_strings_and_stop_token_ids(smollm_llm):
-    base = smollm_llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
-    text, ids = base.outputs.text, base.outputs.token_ids
-    stop = text[3:6]
-    cut = smollm_llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=12, stop=[stop]),
-                              use_tqdm=False)[0]
-    assert cut.outputs.text == text[: text.index(stop)]
-    assert cut.outputs.finish_reason == "stop" and cut.outputs.stop_reason == stop
-    by_id = smollm_llm.generate("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=12,
-                                stop_token_ids=[ids[4]]), use_tqdm=False)[0]
-    assert by_id.outputs.token_ids == ids[: ids.index(ids[4]) + 1]
-    assert by_id.outputs.stop_reason == ids[4]
-
-
-def test_min_tokens_masks_eos(smollm_llm):
-    conv = [{"role": "user", "content": "Say OK."}]
-    free = smollm_llm.chat(conv, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)[0]
-    assert free.outputs.token_ids[-1] == 2  # ends with <|im_end|>
-    n = len(free.outputs.token_ids) + 3
-    forced = smollm_llm.chat(conv, SamplingParams(temperature=0, max_tokens=n, min_tokens=n), use_tqdm=False)[0]
-    assert len(forced.outputs.token_ids) == n and 2 not in forced.outputs.token_ids
 
 
 def test_a_request_failing_at_run_time_does_not_take_the_batch_down(smollm_llm, monkeypatch):
@@ -137,9 +106,12 @@ def test_a_request_failing_at_run_time_does_not_take_the_batch_down(smollm_llm, 
 
     monkeypatch.setattr(IncrementalDetokenizer, "__init__", init)
     monkeypatch.setattr(IncrementalDetokenizer, "add_token", failing)
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    outputs = smollm_llm.generate(["Good morning", "say BOOM", "The sea is"], params, use_tqdm=False)
+    params = greedy(6, ignore_eos=True)
+    prompts = ["Good morning", "say BOOM", "The sea is"]
+    outputs = run(smollm_llm, prompts, params)
     assert [o.error_code for o in outputs] == [200, 500, 200]
     assert "detokenizer exploded" in outputs[1].error_msg and outputs[1].outputs.finish_reason == "abort"
-    assert len(outputs[0].outputs.token_ids) == 6 and len(outputs[2].outputs.token_ids) == 6
-    assert not smollm_llm.llm_engine.has_unfinished_requests()
+    # the others finish as they would alone, and the LLM serves the next call
+    for i in (0, 2):
+        assert outputs[i].outputs.token_ids == first(smollm_llm, prompts[i], params).token_ids
+        assert len(outputs[i].outputs.token_ids) == 6

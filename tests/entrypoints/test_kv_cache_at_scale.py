@@ -3,9 +3,10 @@ preemption and tiny pools change when tokens are computed, never which tokens co
 
 Oracle: the same prompts on an LLM with prefix caching off, chunked prefill off and a big pool
 (`llm_off`), with top-2 logprobs so a divergence is accepted only at a near-tie (top-2 logit gap
-below NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
+below helpers.NEAR_TIE, where float rounding may pick either token; see test_default_model_greedy.py).
+Prefix caching on is the session `smollm_llm` (same block size), emptied with reset_prefix_cache().
 `num_cached_tokens` is checked by arithmetic: whole blocks, at most (prompt_len - 1) // block_size.
-Errors about the pool are checked for their numbers, and raised before any model is built.
+Errors about sizing the pool: test_kv_pool_errors.py.
 """
 from __future__ import annotations
 
@@ -15,14 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine import args_utils
-from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.input.input_processor import InputProcessor
 from fastdeploy.engine.sched.scheduler import Scheduler
+from helpers import SMOLLM_BLOCK_SIZE, assert_engine_idle, assert_same_greedy, blocks_in_use, run, top2_gaps
+from helpers import greedy as plain_greedy
 
-GiB = 1 << 30
-NEAR_TIE = 1e-3
-BLOCK = 16  # block size of the big-pool LLMs
+BLOCK = SMOLLM_BLOCK_SIZE  # block size of the big-pool LLMs, the session smollm_llm's included
 MAX_LEN = 512
 
 SYSTEM = (
@@ -69,71 +68,44 @@ CACHE_PROMPTS = [random_ids(1000 + n, n) for n in CACHE_LENGTHS]
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=2, **kw)
-
-
-def run(llm, prompts, params) -> list:
-    if prompts and isinstance(prompts[0], list):
-        prompts = [{"prompt_token_ids": p} for p in prompts]
-    return llm.generate(prompts, params, use_tqdm=False)
-
-
-def gaps_of(completion) -> list[float]:
-    """Top-2 logprob gap (= logit gap) at each generated position."""
-    out = []
-    for entry in completion.logprobs:
-        values = sorted((lp.logprob for lp in entry.values()), reverse=True)
-        out.append(values[0] - values[1] if len(values) > 1 else float("inf"))
-    return out
-
-
-def assert_same_greedy(ours: list[int], ref: list[int], gaps: list[float], what: str = "") -> None:
-    for i, (a, b) in enumerate(zip(ours, ref)):
-        if a != b:
-            assert gaps[i] < NEAR_TIE, f"{what} token {i}: got {a}, reference {b}, top-2 gap {gaps[i]:.2e}"
-            return  # a near-tie: the continuations may differ from here on
-    assert len(ours) == len(ref), f"{what} lengths differ: got {len(ours)}, reference {len(ref)}"
+    """Greedy with top-2 logprobs: the near-tie tolerance of assert_same_greedy needs them."""
+    return plain_greedy(max_tokens, logprobs=2, **kw)
 
 
 def assert_outputs_match(outputs, references, what: str) -> None:
     assert len(outputs) == len(references)
     for i, (o, r) in enumerate(zip(outputs, references)):
         assert o.prompt_token_ids == r.prompt_token_ids
-        assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, gaps_of(r.outputs), f"{what} prompt {i}:")
-
-
-def assert_pool_idle(llm) -> None:
-    engine = llm.llm_engine
-    pool = engine.block_pool
-    assert not engine.has_unfinished_requests() and engine.output_processor.groups == {}
-    assert pool.num_free_blocks == pool.num_usable_blocks
-    assert all(c == 0 for c in pool.ref_counts)
+        assert_same_greedy(o.outputs.token_ids, r.outputs.token_ids, top2_gaps(r.outputs), f"{what} prompt {i}:")
 
 
 # ---- the LLMs (each ~8 s to build) ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def llm_on():
-    """Prefix caching on (the default). Its first generate call runs right here, on an empty cache."""
-    llm = LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16)
-    fresh = run(llm, CACHE_PROMPTS, greedy(8))
-    return SimpleNamespace(llm=llm, fresh=fresh)
+def llm_on(smollm_llm):
+    """Prefix caching on (the default): the session LLM. Its first generate call here runs on a
+    cache emptied by reset_prefix_cache()."""
+    assert smollm_llm.reset_prefix_cache() is True
+    fresh = run(smollm_llm, CACHE_PROMPTS, greedy(8))
+    return SimpleNamespace(llm=smollm_llm, fresh=fresh)
+
+
+def big_pool_llm(**scheduling) -> LLM:
+    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, **scheduling)
 
 
 @pytest.fixture(scope="module")
 def llm_off():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_prefix_caching=False)
+    return big_pool_llm(enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
 def llm_chunk16():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
-               max_num_batched_tokens=16)
+    return big_pool_llm(enable_chunked_prefill=True, max_num_batched_tokens=16)
 
 
 @pytest.fixture(scope="module")
 def llm_chunk64():
-    return LLM(max_model_len=MAX_LEN, block_size=BLOCK, max_num_seqs=16, enable_chunked_prefill=True,
-               max_num_batched_tokens=64)
+    return big_pool_llm(enable_chunked_prefill=True, max_num_batched_tokens=64)
 
 
 SMALL_BLOCK, SMALL_LEN, SMALL_BLOCKS = 8, 160, 21  # 20 usable blocks = one max_model_len sequence
@@ -156,19 +128,6 @@ def reference(llm_off):
         return memo[key]
 
     return get
-
-
-@pytest.fixture
-def no_model_build(monkeypatch):
-    """Building the model fails loudly: settings errors must come before it."""
-
-    class Refuse:
-        def __init__(self, *args, **kwargs):
-            raise AssertionError("the model was being built although the settings are invalid")
-
-    import fastdeploy.model_executor.models as models
-
-    monkeypatch.setattr(models, "get_model_class", lambda architecture: Refuse)
 
 
 @pytest.fixture
@@ -215,7 +174,7 @@ def test_shared_system_prompt_same_tokens_with_and_without_prefix_caching(llm_on
     again = run(llm, SHARED, params)
     assert_outputs_match(again, ref, "prefix caching, repeat")
     assert [o.num_cached_tokens for o in again] == [full_blocks(n) for n in lengths]
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_unrelated_prompts_same_tokens_with_and_without_prefix_caching(llm_on, reference):
@@ -223,7 +182,7 @@ def test_unrelated_prompts_same_tokens_with_and_without_prefix_caching(llm_on, r
     ref = reference(UNRELATED, params)
     for attempt in range(2):
         assert_outputs_match(run(llm_on.llm, UNRELATED, params), ref, f"unrelated, run {attempt}")
-    assert_pool_idle(llm_on.llm)
+    assert_engine_idle(llm_on.llm)
 
 
 def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
@@ -235,17 +194,15 @@ def test_num_cached_tokens_miss_then_hit_then_reset(llm_on, reference):
     assert [full_blocks(n) for n in CACHE_LENGTHS] == [0, 0, 16, 32, 48, 64, 96]  # the arithmetic
     assert_outputs_match(hit, fresh, "hit vs miss")
     assert llm.reset_prefix_cache() is True
-    assert llm.llm_engine.block_pool.num_cached_blocks == 0
     after_reset = run(llm, CACHE_PROMPTS, greedy(8))
     assert [o.num_cached_tokens for o in after_reset] == [0] * len(CACHE_PROMPTS)
     assert_outputs_match(after_reset, fresh, "after reset vs miss")
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_prefix_caching_off_reports_no_cached_tokens(llm_off):
     out = run(llm_off, CACHE_PROMPTS[3:5] * 2, greedy(2))
     assert [o.num_cached_tokens for o in out] == [0] * 4
-    assert llm_off.llm_engine.block_pool.num_cached_blocks == 0
 
 
 # ---- chunked prefill ---------------------------------------------------------------------------------
@@ -270,7 +227,7 @@ def test_chunked_prefill_gives_the_same_tokens_as_unchunked(request, budget, ref
     assert_outputs_match(out, reference(prompts, params), f"chunked prefill, budget {budget}")
     assert max(step_tokens) == budget  # prompts were cut into budget-sized steps
     assert sum(len(o.prompt_token_ids) for o in out) > 2 * budget
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 # ---- preemption ---------------------------------------------------------------------------------------
@@ -285,7 +242,7 @@ def test_tiny_pool_preempts_often_and_gives_the_same_tokens(llm_small, reference
     assert preemptions[0] >= 10, f"only {preemptions[0]} preemptions: the pool was meant to be far too small"
     assert_outputs_match(out, reference(prompts, params), "tiny pool")
     assert all(len(o.outputs.token_ids) == 16 for o in out)
-    assert_pool_idle(llm_small)
+    assert_engine_idle(llm_small)
 
 
 def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
@@ -296,7 +253,7 @@ def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
     out = run(llm_small, prompts, params)
     assert len(out) == n and all(o is not None for o in out)
     assert len({o.request_id for o in out}) == n
-    eos = llm_small.llm_engine.eos_token_ids
+    eos = llm_small.get_tokenizer().eos_token_id
     for i, o in enumerate(out):
         assert o.prompt_token_ids == prompts[i], f"output {i} belongs to another prompt"
         c = o.outputs
@@ -304,13 +261,13 @@ def test_thousand_short_requests_through_twenty_blocks(llm_small, reference):
         if c.finish_reason == "length":
             assert len(c.token_ids) == params[i].max_tokens
         else:
-            assert c.finish_reason == "stop" and c.token_ids[-1] in eos, (i, c.finish_reason, c.token_ids)
+            assert c.finish_reason == "stop" and c.token_ids[-1] == eos, (i, c.finish_reason, c.token_ids)
     # a sample of them against the oracle (one batch there): each output is its own prompt's
     sample = sorted(rng.sample(range(n), 24))
     refs = reference([prompts[i] for i in sample], [greedy(params[i].max_tokens) for i in sample])
     for i, ref in zip(sample, refs):
-        assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, gaps_of(ref.outputs), f"request {i}:")
-    assert_pool_idle(llm_small)
+        assert_same_greedy(out[i].outputs.token_ids, ref.outputs.token_ids, top2_gaps(ref.outputs), f"request {i}:")
+    assert_engine_idle(llm_small)
 
 
 # ---- abort ----------------------------------------------------------------------------------------------
@@ -326,16 +283,16 @@ def test_abort_frees_every_block_including_shared_cached_ones(llm_on, reference)
     engine.step()
     engine.step()
     assert max(pool.ref_counts) >= 3, "the three requests were meant to share the system prompt's blocks"
-    assert pool.num_free_blocks < pool.num_usable_blocks
+    assert blocks_in_use(llm) > 0
     outputs = [engine.abort_request(i) for i in ids]
     assert all(o.outputs.finish_reason == "abort" for o in outputs)
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
     assert engine.abort_request(ids[0]) is None  # unknown now
     # the aborted requests' blocks stay cached and serve a later request correctly
     out = run(llm, [prompts[0]], greedy(8))
     assert out[0].num_cached_tokens == full_blocks(len(prompts[0]))
     assert_outputs_match(out, reference([prompts[0]], greedy(8)), "after abort")
-    assert_pool_idle(llm)
+    assert_engine_idle(llm)
 
 
 def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, reference):
@@ -346,59 +303,15 @@ def test_abort_mid_chunked_prefill_keeps_only_computed_blocks(llm_chunk16, refer
         assert engine.step() == []  # 16 prompt tokens per step: nothing finishes
     out = engine.abort_request(request_id)
     assert out.outputs.finish_reason == "abort" and out.outputs.token_ids == []
-    assert_pool_idle(llm_chunk16)
+    assert_engine_idle(llm_chunk16)
     # the 3 blocks computed before the abort are found again, and hold the right KV
     again = run(llm_chunk16, [prompt], greedy(8))
     assert again[0].num_cached_tokens == 3 * BLOCK
     assert_outputs_match(again, reference([prompt], greedy(8)), "after aborted prefill")
-    assert_pool_idle(llm_chunk16)
+    assert_engine_idle(llm_chunk16)
 
 
-# ---- errors with their numbers ----------------------------------------------------------------------------
-def test_pool_smaller_than_one_sequence_is_rejected_with_its_numbers(no_model_build):
-    with pytest.raises(ValueError) as e:
-        LLM(max_model_len=SMALL_LEN, block_size=SMALL_BLOCK, num_gpu_blocks_override=SMALL_BLOCKS - 1)
-    message = str(e.value)
-    for part in ("num_gpu_blocks_override=20", "19 usable blocks", "max_model_len=160", "needs 20 blocks",
-                 "of 8 tokens", "at least 21"):
-        assert part in message, f"{part!r} not in: {message}"
-
-
-def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(llm_small, no_model_build, monkeypatch):
-    mc = llm_small.llm_engine.config.model_config
-    weights = mc.weight_bytes()
-    tiny = 64 << 20
-    monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: tiny)
-    with pytest.raises(ValueError) as e:
-        LLM(max_model_len=8192, block_size=64)
-    message = str(e.value)
-    needed = (8192 // 64 + 1) * 64 * mc.kv_bytes_per_token()
-    for part in (f"needs {needed / GiB:.2f} GiB", "0.00 GiB is available", f"{tiny / GiB:.2f} GiB free memory",
-                 f"{weights / GiB:.2f} GiB weights", "max_model_len", "gpu_memory_utilization"):
-        assert part in message, f"{part!r} not in: {message}"
-
-
-def test_pool_sizing_from_memory_arithmetic(monkeypatch, llm_small):
-    """cache_config with a patched memory size: num_blocks = min(budget // block_bytes, useful)."""
-    mc = llm_small.llm_engine.config.model_config
-    weights = mc.weight_bytes()
-    block_size, max_len, seqs, util = 16, 256, 4, 0.5
-    block_bytes = mc.kv_bytes_per_token() * block_size
-    per_seq = max_len // block_size  # 16
-    useful = seqs * per_seq + 1  # 65
-
-    def blocks_with_budget(budget_bytes):
-        monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
-        args = EngineArgs(max_model_len=max_len, block_size=block_size, max_num_seqs=seqs, gpu_memory_utilization=util)
-        return args.cache_config(mc, weights).num_blocks
-
-    assert blocks_with_budget((per_seq + 1) * block_bytes) == per_seq + 1  # just one sequence + the null block
-    assert blocks_with_budget(40 * block_bytes + block_bytes // 2) == 40
-    assert blocks_with_budget(1000 * block_bytes) == useful  # no more than max_num_seqs sequences use
-    with pytest.raises(ValueError, match="max_model_len=256 sequence needs"):
-        blocks_with_budget((per_seq + 1) * block_bytes - block_bytes // 2)
-
-
+# ---- prompts against the pool's size ------------------------------------------------------------------
 def test_prompt_needing_more_blocks_than_the_pool(llm_small):
     """Through LLM() no prompt can need more blocks than the pool: the pool holds one
     max_model_len sequence, and a prompt is shorter. The longest prompt fills the whole pool and
@@ -408,7 +321,7 @@ def test_prompt_needing_more_blocks_than_the_pool(llm_small):
     assert -(-(SMALL_LEN - 1) // SMALL_BLOCK) <= usable
     out = run(llm_small, [random_ids(4000, SMALL_LEN - 1)], SamplingParams(temperature=0, max_tokens=5))
     assert len(out[0].outputs.token_ids) == 1  # room for one token only
-    assert_pool_idle(llm_small)
+    assert_engine_idle(llm_small)
     stub = SimpleNamespace(config=engine.config, num_usable_blocks=4)  # 4 usable blocks of 8 tokens
     with pytest.raises(ValueError) as e:
         InputProcessor.validate_prompt(stub, random_ids(5000, 33), index=3)
