@@ -523,11 +523,8 @@ std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const pad
   int64_t fmas = 0;
   const std::vector<Item> items = MakeItems(in, g, batch, &fmas);
   const int64_t count = static_cast<int64_t>(items.size());
-  // The team is OpenMP's default: Paddle's Intel OpenMP runtime (libiomp5) serves GOMP_parallel,
-  // so it has the thread count the engine gave Paddle (platforms/cpu.py, set_paddle_threads).
-  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`: GCC emits
-  // GOMP_loop_nonmonotonic_* for that, which libiomp5 lacks, and libgomp's versions do not know
-  // libiomp5's team, so every thread would run every item.
+  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`, which would run every
+  // item on every thread (custom_ops/README.md, "OpenMP runtime").
   std::atomic<int64_t> next{0};
 #pragma omp parallel if (fmas > kParallelFmas)
   {
