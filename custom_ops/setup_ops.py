@@ -13,7 +13,10 @@ NFS, a container image moved to another host) never hands one CPU a build made f
 The engine also builds on first use when this was not run. When the build is impossible (no C++
 compiler, no Paddle headers, ...) the engine runs its pure-Paddle fallbacks and logs why once.
 `-march=native` is right here because the build runs on the machine that uses it (and the cache key
-holds that machine's CPU).
+holds that machine's CPU). No `-ffast-math`: the ops are fed -inf (banned tokens, masks), which its
+`-ffinite-math-only` lets the compiler assume away; the flags keep its harmless part (math functions
+need not set errno; floating-point operations are taken not to trap, as they do not by default) and
+state the FMA contraction g++ does anyway in C++.
 """
 import hashlib
 import os
@@ -24,7 +27,8 @@ from typing import Callable
 
 NAME = "fastdeploy_ops"
 ROOT = Path(__file__).resolve().parent
-CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-std=c++17"]
+CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast",
+             "-std=c++17"]
 # /proc/cpuinfo lines that name what -march=native targets: x86 (model name, ISA flags), Arm (Features,
 # implementer and part)
 CPU_KEYS = ("model name", "flags", "Features", "CPU implementer", "CPU part")

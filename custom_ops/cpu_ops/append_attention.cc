@@ -40,7 +40,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;       // floats per vector; head_dim must be a multiple
 constexpr int64_t kTileRows = 64;    // query rows (query tokens x group heads) per prefill tile
-constexpr float kMasked = -1e30f;    // finite: -ffast-math assumes no infinities
+constexpr float kMasked = -1e30f;    // finite: a running max that starts here minus itself is 0, not inf - inf
 constexpr float kExpFloor = -80.f;   // exp arguments are clamped here: exp(-80) ~ 2e-35 adds nothing,
                                      // and lower ones leave the vector exp's fast path
 constexpr int64_t kParallelFmas = 1 << 20;  // below this many multiply-adds per call: one thread

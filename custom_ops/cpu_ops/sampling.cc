@@ -62,6 +62,7 @@ int64_t Argmax(const float* x, int64_t n) {
   for (int64_t start = 0; start < n; start += kSpan) {
     const int64_t end = std::min(n, start + kSpan);
     float m = x[start];
+#pragma omp simd reduction(max : m)
     for (int64_t i = start + 1; i < end; ++i) m = x[i] > m ? x[i] : m;
     if (m > best) {
       best = m;
@@ -199,6 +200,7 @@ size_t CrossingByMass(std::vector<Candidate>& c, size_t lo, size_t hi, double ta
   while (hi - lo > 16) {
     const size_t p = Partition(c, lo, hi);
     double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
     for (size_t j = lo; j < p; ++j) mass += c[j].value;
     if (reaches(before + mass)) {
       hi = p;
@@ -226,6 +228,7 @@ int64_t DrawFromCandidates(std::vector<Candidate>& c, double mass, double top_p,
   const size_t kept = top_p < 1.0 ? std::min(c.size(), CrossingByMass(c, 0, c.size(), top_p * mass, true) + 1)
                                   : c.size();
   double kept_mass = 0.0;
+#pragma omp simd reduction(+ : kept_mass)
   for (size_t j = 0; j < kept; ++j) kept_mass += c[j].value;
   const size_t drawn = CrossingByMass(c, 0, kept, u * kept_mass, false);
   if (drawn < kept) return c[drawn].id;
@@ -242,7 +245,8 @@ int64_t DrawFiltered(const float* w, int64_t n, const Weights& weights, int64_t 
   }
   GatherTopK(w, n, top_k, /*positive_only=*/true, candidates);
   double mass = 0.0;
-  for (const Candidate& t : candidates) mass += t.value;
+#pragma omp simd reduction(+ : mass)
+  for (size_t j = 0; j < candidates.size(); ++j) mass += candidates[j].value;
   return DrawFromCandidates(candidates, mass, top_p, u);
 }
 
