@@ -1,15 +1,19 @@
 """OpenMP in the compiled ops (custom_ops/README.md, "OpenMP runtime"): loaded into Paddle, their
 `#pragma omp` regions run on Paddle's Intel OpenMP runtime (libiomp5), which lacks some of GCC's
 entry points (the `schedule(dynamic)` loops' GOMP_loop_nonmonotonic_*); those then bind to GNU
-libgomp, which does not know libiomp5's team, so every thread would run every iteration.
+libgomp, which does not know libiomp5's team, so every thread would run every iteration. (Where
+torch was imported before the ops' first call, as in a full test run, all of them bind to libgomp.)
 
 Guards: the module imports no OpenMP entry point that libiomp5 lacks (read from the ELF symbol
-tables with `nm`, the binutils beside the compiler that built the ops), and the sampling op's row
-loop (`ForEachRow` in sampling.cc, observed through its test-only op `fd_sampling_row_visits`) runs
-each row exactly once, on a team of the size the engine set.
+tables with `nm`, the binutils beside the compiler that built the ops); the sampling op's row loop
+(`ForEachRow` in sampling.cc, observed through its test-only op `fd_sampling_row_visits`) runs each
+row exactly once on a team of several threads, here and, in a fresh process without torch, on a
+team of the size set through Paddle.
 """
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import fastdeploy  # noqa: F401  (before paddle)
@@ -60,13 +64,37 @@ def test_every_openmp_entry_point_of_the_ops_is_served_by_paddles_libiomp5(ops):
     assert not missing, f"libiomp5 lacks {sorted(missing)}: those bind to libgomp, outside libiomp5's team"
 
 
-@pytest.mark.parametrize("team", [1, 2, 3])
+@pytest.mark.parametrize("asked", [1, 2, 3])
 @pytest.mark.parametrize("rows", [1, 2, 7, 64])
-def test_the_sampling_row_loop_runs_each_row_once(ops, threads, team, rows):
-    threads(team)
+def test_the_sampling_row_loop_runs_each_row_once(ops, threads, asked, rows):
+    threads(asked)
     visits = ops.fd_sampling_row_visits(paddle.zeros([rows], "int64")).numpy()  # [rows, 3]
 
     assert visits.shape == (rows, 3)
     np.testing.assert_array_equal(visits[:, 0], 1)  # each row run exactly once across the team
-    np.testing.assert_array_equal(visits[:, 2], team)  # on a team of the size set
+    team = visits[0, 2]
+    np.testing.assert_array_equal(visits[:, 2], team)
     assert ((visits[:, 1] >= 0) & (visits[:, 1] < team)).all()
+    assert asked == 1 or team > 1  # several threads ran the loop: a duplicate would have shown
+
+
+FRESH_PROCESS = """
+import json, fastdeploy, paddle
+from fastdeploy.model_executor.ops import compiled_ops
+ops, out = compiled_ops(), {}
+for team in (1, 2, 3):
+    paddle.base.core.set_num_threads(team)
+    out[team] = ops.fd_sampling_row_visits(paddle.zeros([7], "int64")).numpy().tolist()
+print(json.dumps(out))
+"""
+
+
+def test_without_torch_the_ops_team_has_paddles_thread_count_and_runs_each_row_once():
+    """The engine's process (no torch): the README's runtime, Paddle's libiomp5, serves the regions."""
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    for team, visits in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        visits = np.array(visits)
+        np.testing.assert_array_equal(visits[:, 0], 1, err_msg=f"team {team}")
+        np.testing.assert_array_equal(visits[:, 2], int(team))
