@@ -40,7 +40,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;       // floats per vector; head_dim must be a multiple
 constexpr int64_t kTileRows = 64;    // query rows (query tokens x group heads) per prefill tile
-constexpr float kMasked = -1e30f;    // finite: -ffast-math assumes no infinities
+constexpr float kMasked = -1e30f;    // finite: a running max that starts here minus itself is 0, not inf - inf
 constexpr float kExpFloor = -80.f;   // exp arguments are clamped here: exp(-80) ~ 2e-35 adds nothing,
                                      // and lower ones leave the vector exp's fast path
 constexpr int64_t kParallelFmas = 1 << 20;  // below this many multiply-adds per call: one thread
@@ -523,11 +523,8 @@ std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const pad
   int64_t fmas = 0;
   const std::vector<Item> items = MakeItems(in, g, batch, &fmas);
   const int64_t count = static_cast<int64_t>(items.size());
-  // The team is OpenMP's default: Paddle's Intel OpenMP runtime (libiomp5) serves GOMP_parallel,
-  // so it has the thread count the engine gave Paddle (platforms/cpu.py, set_paddle_threads).
-  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`: GCC emits
-  // GOMP_loop_nonmonotonic_* for that, which libiomp5 lacks, and libgomp's versions do not know
-  // libiomp5's team, so every thread would run every item.
+  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`, which would run every
+  // item on every thread (custom_ops/README.md, "OpenMP runtime").
   std::atomic<int64_t> next{0};
 #pragma omp parallel if (fmas > kParallelFmas)
   {

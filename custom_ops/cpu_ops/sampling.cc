@@ -13,19 +13,24 @@
 // candidates from a weight cut (lowered from 1e-3 until they hold top_p of the mass), and the top-p
 // boundary and the drawn token are found by quickselect on cumulative mass.
 // A row whose logits are all -inf (or NaN) returns an index of its maximum, never one out of range.
-// Rows run in parallel (OpenMP) once the batch is large enough (kParallelWork).
+// Rows run in parallel (OpenMP, ForEachRow) once the batch is large enough (kParallelWork).
 //
 // logits: [rows, vocab] float32, not modified
 // params: [rows, 5] float64: temperature (0 = greedy), top_k (0 = off), top_p (1 = off),
 //         min_p (0 = off), uniform in [0, 1)
 // out:    [rows] int64 token ids
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <utility>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "paddle/extension.h"
 #include "sampling_common.h"
@@ -57,6 +62,7 @@ int64_t Argmax(const float* x, int64_t n) {
   for (int64_t start = 0; start < n; start += kSpan) {
     const int64_t end = std::min(n, start + kSpan);
     float m = x[start];
+#pragma omp simd reduction(max : m)
     for (int64_t i = start + 1; i < end; ++i) m = x[i] > m ? x[i] : m;
     if (m > best) {
       best = m;
@@ -194,6 +200,7 @@ size_t CrossingByMass(std::vector<Candidate>& c, size_t lo, size_t hi, double ta
   while (hi - lo > 16) {
     const size_t p = Partition(c, lo, hi);
     double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
     for (size_t j = lo; j < p; ++j) mass += c[j].value;
     if (reaches(before + mass)) {
       hi = p;
@@ -221,6 +228,7 @@ int64_t DrawFromCandidates(std::vector<Candidate>& c, double mass, double top_p,
   const size_t kept = top_p < 1.0 ? std::min(c.size(), CrossingByMass(c, 0, c.size(), top_p * mass, true) + 1)
                                   : c.size();
   double kept_mass = 0.0;
+#pragma omp simd reduction(+ : kept_mass)
   for (size_t j = 0; j < kept; ++j) kept_mass += c[j].value;
   const size_t drawn = CrossingByMass(c, 0, kept, u * kept_mass, false);
   if (drawn < kept) return c[drawn].id;
@@ -237,7 +245,8 @@ int64_t DrawFiltered(const float* w, int64_t n, const Weights& weights, int64_t 
   }
   GatherTopK(w, n, top_k, /*positive_only=*/true, candidates);
   double mass = 0.0;
-  for (const Candidate& t : candidates) mass += t.value;
+#pragma omp simd reduction(+ : mass)
+  for (size_t j = 0; j < candidates.size(); ++j) mass += candidates[j].value;
   return DrawFromCandidates(candidates, mass, top_p, u);
 }
 
@@ -260,6 +269,21 @@ int64_t SampleRow(const float* x, int64_t vocab, const double* p, Scratch& scrat
                                                  : DrawFiltered(w, vocab, weights, top_k, top_p, u, scratch.candidates);
   return id >= 0 ? id : Argmax(x, vocab);  // -1: no positive weight (NaN logits)
 }
+
+// Runs row(r, state) once for every r in [0, rows): on the OpenMP team when `parallel`, else on the
+// calling thread; each thread gets its own state from make_state(). Rows go to whichever thread asks
+// next (an atomic counter: rows differ in cost, greedy against filtered). Not `omp for
+// schedule(dynamic)`: see custom_ops/README.md, "OpenMP runtime". fd_sampling_row_visits (below)
+// reports what this does, for tests.
+template <typename MakeState, typename Row>
+void ForEachRow(int64_t rows, bool parallel, const MakeState& make_state, const Row& row) {
+  std::atomic<int64_t> next{0};
+#pragma omp parallel if (parallel)
+  {
+    auto state = make_state();
+    for (int64_t r = next++; r < rows; r = next++) row(r, state);
+  }
+}
 }  // namespace
 
 std::vector<paddle::Tensor> TopKTopPMinPSampling(const paddle::Tensor& logits, const paddle::Tensor& params) {
@@ -275,12 +299,10 @@ std::vector<paddle::Tensor> TopKTopPMinPSampling(const paddle::Tensor& logits, c
   const float* x = logits.data<float>();
   const double* p = params.data<double>();
   int64_t* ids = out.data<int64_t>();
-#pragma omp parallel if (rows > 1 && rows * vocab >= kParallelWork)
-  {
-    Scratch scratch{std::unique_ptr<float[]>(new float[vocab]), {}, {}};
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < rows; ++r) ids[r] = SampleRow(x + r * vocab, vocab, p + r * 5, scratch);
-  }
+  ForEachRow(
+      rows, rows > 1 && rows * vocab >= kParallelWork,
+      [vocab] { return Scratch{std::unique_ptr<float[]>(new float[vocab]), {}, {}}; },
+      [&](int64_t r, Scratch& scratch) { ids[r] = SampleRow(x + r * vocab, vocab, p + r * 5, scratch); });
   return {out};
 }
 
@@ -299,3 +321,32 @@ PD_BUILD_OP(fd_top_k_top_p_min_p_sampling)
     .SetKernelFn(PD_KERNEL(TopKTopPMinPSampling))
     .SetInferShapeFn(PD_INFER_SHAPE(TopKTopPMinPSamplingInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(TopKTopPMinPSamplingInferDtype));
+
+// Test-only: how ForEachRow, forced onto the OpenMP team, hands out `rows` rows. rows: [rows] (any
+// dtype, its length only). Out: [rows, 3] int64: per row the number of times it was run (1 when
+// correct), the OpenMP thread number that ran it last and the team's size. Costs the sampling op
+// nothing: it only shares ForEachRow.
+std::vector<paddle::Tensor> SamplingRowVisits(const paddle::Tensor& rows_like) {
+  const int64_t rows = rows_like.numel();
+  auto out = paddle::full({rows, 3}, 0, paddle::DataType::INT64, paddle::CPUPlace());
+  int64_t* o = out.data<int64_t>();
+  ForEachRow(
+      rows, /*parallel=*/true, [] { return 0; },
+      [o](int64_t r, int&) {
+#ifdef _OPENMP
+        const int64_t thread = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+        const int64_t thread = 0, team = 1;
+#endif
+#pragma omp atomic
+        o[3 * r] += 1;
+        o[3 * r + 1] = thread;
+        o[3 * r + 2] = team;
+      });
+  return {out};
+}
+
+PD_BUILD_OP(fd_sampling_row_visits)
+    .Inputs({"RowsLike"})
+    .Outputs({"Visits"})
+    .SetKernelFn(PD_KERNEL(SamplingRowVisits));

@@ -8,6 +8,9 @@ pure-Paddle paths) or `with fallbacks_forced():` (tests comparing both paths in 
 
 A build left by an earlier process is imported directly (paddle's `load` would re-run its build
 script, ~1.3 s per process); otherwise the module is compiled first (~30 s once per machine).
+
+Which OpenMP runtime runs the ops' threads once loaded here (Paddle's libiomp5), and what that rules
+out in their sources: custom_ops/README.md, "OpenMP runtime".
 """
 import contextlib
 import fcntl
