@@ -81,8 +81,9 @@ class SamplingParams:
             word is masked when the output ends with the word's other tokens (vLLM's rule;
             FastDeploy keeps only one-token words).
         bad_words_token_ids: list of token ids always masked (FastDeploy's field).
-        seed: int in [0, 922337203685477580] or None; a seeded request draws the same tokens
-            alone or in any batch, in any run. None: drawn from the engine's generator.
+        seed: int in [0, 922337203685477580] or None; a seeded request draws the same random
+            numbers alone or in any batch, in any run (its tokens match up to logit near-ties, see
+            docs/offline_inference.md, Determinism). None: drawn from the engine's generator.
         stop: str or list of str; generation ends when the detokenized output contains one.
             The stop string is cut from the text unless `include_stop_str_in_output`.
         stop_token_ids: list of token ids that end generation (kept in `token_ids`; like EOS,

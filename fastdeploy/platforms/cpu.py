@@ -30,10 +30,11 @@ def prepare_environment() -> None:
     """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported,
     and `GOMP_SPINCOUNT=0` unless the user set it.
 
-    Our compiled ops use GNU OpenMP while Paddle's GEMMs use Intel OpenMP (MKL). After a parallel
-    region, GNU OpenMP's idle threads spin (300,000 spins by default) on the same cores MKL's threads
-    then need: on 2 cores the GEMM after the attention op ran 7x slower (3.07 vs 0.44 ms for
-    [1, 2048] x [2048, 1024]) and a decode step 1.9x slower. With 0 they sleep at once.
+    Which OpenMP runtime our compiled ops run on is stated once, in custom_ops/README.md ("OpenMP
+    runtime"): Paddle's Intel OpenMP normally, GNU libgomp when torch was imported before their
+    first call. In the second case libgomp's idle threads spin (300,000 spins by default) on the
+    cores MKL's threads need next: on 2 cores the GEMM after the attention op ran 7x slower (3.07 vs
+    0.44 ms for [1, 2048] x [2048, 1024]) and a decode step 1.9x slower. With 0 they sleep at once.
     """
     os.environ.setdefault("GOMP_SPINCOUNT", "0")
     if "paddle" in sys.modules and _USER_OMP_THREADS == "1":

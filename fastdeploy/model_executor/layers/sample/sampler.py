@@ -7,7 +7,7 @@ mass reaches top_p; the top token always kept) -> one draw by inverse CDF.
 Temperature 0 is greedy: the exact argmax of the processed logits, ties to the lowest token id.
 
 Each draw uses one uniform number per row, from the request's own generator when it is seeded
-(see ModelRunner), so a seeded request samples the same tokens in any batch.
+(worker/sampling_inputs.py), so a seeded request draws the same numbers in any batch.
 
 The work is done on a zero-copy numpy view (DLPack) of the Paddle logits: for these shapes
 ([rows, vocab ~50k], float32) Paddle's CPU kernels are far slower (log_softmax [32, 49152] takes
