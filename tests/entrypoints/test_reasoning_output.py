@@ -2,16 +2,7 @@
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.reasoning import get_reasoning_parser
-
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(cls, args):
-        raise AssertionError("the model was being loaded although the arguments are invalid")
-
-    monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(refuse))
 
 
 @pytest.mark.parametrize("name", ["deepseek_r1", "QWEN3", ""])
