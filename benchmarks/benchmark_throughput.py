@@ -31,7 +31,9 @@ run happens in a fresh child process of this one script run: Paddle (Intel OpenM
 OpenMP) in one process keep each other's spinning worker threads on the same two cores and halve
 each other's speed. Each engine is warmed up once (a short batched generate) before timing. With
 --repeats R the engines alternate (ours, hf, ours, hf, ...) and the best run of each is reported
-(noise on a shared machine only slows a run down); every run is printed too.
+(noise on a shared machine only slows a run down); every run is printed too. --baseline DIR adds
+"ours" as built by another checkout (DIR's own script and package, e.g. `git worktree add DIR <commit>`),
+so a change is measured before/after in one run.
 """
 import argparse
 import importlib.util
@@ -259,10 +261,12 @@ def child(args):
 
 def run_child(engine, args, prompts_file):
     """Run `engine`'s measurement in a fresh process (vLLM's under --vllm-python, on its HF directory)."""
-    python, model, env = sys.executable, args.model, ENV_AT_START
+    python, model, env, script, child_engine = sys.executable, args.model, ENV_AT_START, __file__, engine
     if engine == "vllm":
         python, model, env = args.vllm_python, args.vllm_model, engines_optional.vllm_env(ENV_AT_START, args.scratch)
-    cmd = [python, __file__, "--child", engine, "--prompts-file", prompts_file, "--model", model,
+    if engine == "baseline":  # the other checkout's own script imports its own fastdeploy
+        script, child_engine = str(Path(args.baseline).resolve() / "benchmarks" / "benchmark_throughput.py"), "ours"
+    cmd = [python, script, "--child", child_engine, "--prompts-file", prompts_file, "--model", model,
            "--output-len", str(args.output_len), "--matmul-params", str(args.matmul_params),
            "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -270,7 +274,10 @@ def run_child(engine, args, prompts_file):
     if proc.returncode != 0 or not lines:
         sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("  run ")), flush=True)
-    return json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT "):])
+    if engine == "baseline":
+        result["name"] = "ours @ baseline"
+    return result
 
 
 def importable(python, module):
@@ -303,6 +310,8 @@ def main():
     ap.add_argument("--engines", default="ours,hf", help=f"comma-separated subset of {','.join(ENGINES)}")
     ap.add_argument("--repeats", type=int, default=1, help="alternating runs per engine; the best is reported")
     ap.add_argument("--skip-single", action="store_true", help="skip the single-stream measurement")
+    ap.add_argument("--baseline", help="another checkout of this repository (e.g. a git worktree of an older "
+                    "commit): its engine runs too, as 'baseline', alternating with the others (before/after in one run)")
     ap.add_argument("--vllm-python", default=sys.executable, help="Python that can import vllm (a venv's bin/python)")
     ap.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's dtype")
     ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),
@@ -320,6 +329,10 @@ def main():
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
     if not names or not set(names) <= set(ENGINES):
         sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
+    if args.baseline:
+        if not (Path(args.baseline) / "benchmarks" / "benchmark_throughput.py").is_file():
+            sys.exit(f"--baseline {args.baseline} is not a checkout of this repository (no benchmarks/benchmark_throughput.py)")
+        names.insert(names.index("ours") + 1 if "ours" in names else 0, "baseline")
     args.model = resolve_model_path(args.model) if args.model else default_model_path()
     check_installed(names, args)
     source = open_model(args.model)[1]
