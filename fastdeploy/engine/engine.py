@@ -75,7 +75,8 @@ class LLMEngine:
             source.tokenizer = load_hf_tokenizer(Path(args.tokenizer))
         model_cls = get_model_class(source.hf_config.get("architectures", [None])[0])
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
-        model = model_cls(config.model_config, config.cache_config.block_size, config.scheduler_config.max_model_len)
+        model = model_cls(config.model_config, config.cache_config.block_size, config.scheduler_config.max_model_len,
+                          source.quant_config)
         model.load_weights(source.weights())
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
         return cls(config, source.tokenizer, model)

@@ -60,8 +60,10 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledRequest]) -> tuple[list[SampledToken], list[PromptLogprobs]]:
         """Run one step: the sampled token of each request that samples, and prompt logprobs."""
         order = sorted(scheduled, key=lambda s: s.num_new_tokens)  # decodes first: attention groups by length
-        meta, sampling_requests, prompt_rows = self._prepare(order)
-        logits = self.model.forward(meta, self.kv_caches)  # [num_sampled + num_prompt_rows, vocab]
+        (input_ids, positions, meta, logits_indices), sampling_requests, prompt_rows = self._prepare(order)
+        hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden]
+        # [num_sampled + num_prompt_rows, vocab]
+        logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))
         logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
         num_sampled = len(sampling_requests)
         scored = self._prompt_logprobs(logits[num_sampled:], prompt_rows) if prompt_rows else []
@@ -87,15 +89,16 @@ class ModelRunner:
                           if request.prompt_logprobs[p + 1] is None]
                 prompt_rows += [(request, p, first_row + p - start) for p in scored]
         meta = ForwardMeta.build(
-            input_ids=input_ids,
-            positions=np.concatenate(positions),
             seq_lens_this_time=[s.num_new_tokens for s in order],
             seq_lens_decoder=[s.request.num_computed_tokens for s in order],
             block_tables=[s.request.block_ids for s in order],
             block_size=self.block_size,
-            logits_indices=(sample_rows + [row for _, _, row in prompt_rows]) or [0],
+            caches=self.kv_caches,
         )
-        return meta, sampling_requests, prompt_rows
+        logits_indices = (sample_rows + [row for _, _, row in prompt_rows]) or [0]
+        batch = (paddle.to_tensor(np.asarray(input_ids, dtype=np.int64)), paddle.to_tensor(np.concatenate(positions)),
+                 meta, paddle.to_tensor(np.asarray(logits_indices, dtype=np.int64)))
+        return batch, sampling_requests, prompt_rows
 
     def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
         """Raw logprobs of the prompt tokens at `prompt_rows` (request, position, row) from logits x [m, vocab]."""
