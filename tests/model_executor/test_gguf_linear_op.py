@@ -117,6 +117,7 @@ def fused(rng, parts):
 @pytest.mark.parametrize("parts,kept_quantized", [
     ([(24, Q4_1), (8, Q4_1), (8, Q4_1)], True),   # qkv-like, one type: one block matrix
     ([(16, Q8_0)], True),
+    ([(7, Q4_0), (6, Q4_0)], True),  # shards not multiples of the 4-row groups; 13 rows: a partial group
     ([(24, Q4_1), (8, Q8_0), (8, Q4_1)], False),  # mixed types: dequantized
     ([(24, Q4_1), (8, None), (8, Q4_1)], False),  # a float part: dequantized
 ])
