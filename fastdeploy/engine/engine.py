@@ -65,7 +65,7 @@ class LLMEngine:
         if args.tokenizer is not None:
             source.tokenizer = load_hf_tokenizer(Path(args.tokenizer))
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
-        executor = InProcessExecutor(config, source.weights())
+        executor = InProcessExecutor(config, source.weights(), source.quant_config)
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
         return cls(config, source.tokenizer, executor)
 

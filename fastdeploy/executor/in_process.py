@@ -9,14 +9,17 @@ from fastdeploy.worker.output import ModelRunnerOutput
 
 
 class InProcessExecutor(Executor):
-    """Builds the model from `weights` (an iterable of (checkpoint name, array)) and runs it here."""
+    """Builds the model (kernel choices made now: see docs/design.md) from `weights`, an iterable of
+    (checkpoint name, array), and runs it here. `quant_config` describes a quantized checkpoint
+    (GGUF block types from its header), or None."""
 
-    def __init__(self, fd_config: FDConfig, weights):
+    def __init__(self, fd_config: FDConfig, weights, quant_config=None):
         from fastdeploy.model_executor.models import get_model_class
 
         model_config = fd_config.model_config
         model_cls = get_model_class(model_config.architecture)
-        model = model_cls(model_config, fd_config.cache_config.block_size, fd_config.scheduler_config.max_model_len)
+        model = model_cls(model_config, fd_config.cache_config.block_size, fd_config.scheduler_config.max_model_len,
+                          quant_config)
         model.load_weights(weights)
         self.runner = ModelRunner(fd_config, model)
 

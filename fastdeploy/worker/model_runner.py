@@ -65,8 +65,9 @@ class ModelRunner:
             return result
         order = sorted(out.num_scheduled_tokens.items(), key=lambda item: item[1])  # decodes first
         scheduled = [(self.requests[req_id], n) for req_id, n in order]
-        meta, samplers, prompt_rows = self._prepare(scheduled)
-        logits = self.model.forward(meta, self.kv_caches)  # [num_sampled + num_prompt_rows, vocab]
+        (input_ids, positions, meta, logits_indices), samplers, prompt_rows = self._prepare(scheduled)
+        hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden]
+        logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [num_sampled + prompt rows, vocab]
         logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
         if prompt_rows:
             result.prompt_logprobs = self._prompt_logprobs(logits[len(samplers):], prompt_rows)
@@ -83,14 +84,17 @@ class ModelRunner:
         return result
 
     def _prepare(self, scheduled: list[tuple[CachedRequestState, int]]):
-        """ForwardMeta of the step, the states that sample (in row order), and prompt-logprob rows
-        (state, position, flattened row)."""
-        input_ids, positions, sample_rows, samplers, prompt_rows = [], [], [], [], []
+        """The model's inputs (input_ids [n], positions [n] or [3, n], ForwardMeta, logits_indices
+        [rows]), the states that sample (in row order), and prompt-logprob rows (state, position,
+        flattened row)."""
+        input_ids, positions, token_types, sample_rows, samplers, prompt_rows = [], [], [], [], [], []
         for state, n in scheduled:
             start, end = state.num_computed_tokens, state.num_computed_tokens + n
             first_row = len(input_ids)
             input_ids += state.token_ids_between(start, end)
             positions.append(state.positions_between(start, end))
+            if state.token_type_ids is not None:
+                token_types.append((first_row, state.token_types_between(start, end)))
             if end == state.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(state)
@@ -100,15 +104,18 @@ class ModelRunner:
                 prompt_rows += [(state, p, first_row + p - start)
                                 for p in range(first, min(end, state.num_prompt_tokens - 1))]
         meta = ForwardMeta.build(
-            input_ids=input_ids,
-            positions=np.concatenate(positions, axis=-1),
             seq_lens_this_time=[n for _, n in scheduled],
             seq_lens_decoder=[state.num_computed_tokens for state, _ in scheduled],
             block_tables=[state.block_ids for state, _ in scheduled],
             block_size=self.block_size,
-            logits_indices=(sample_rows + [row for _, _, row in prompt_rows]) or [0],
+            caches=self.kv_caches,
+            token_type_ids=_token_type_ids(token_types, len(input_ids)),
         )
-        return meta, samplers, prompt_rows
+        logits_indices = (sample_rows + [row for _, _, row in prompt_rows]) or [0]
+        inputs = (paddle.to_tensor(np.asarray(input_ids, dtype=np.int64)),
+                  paddle.to_tensor(np.concatenate(positions, axis=-1)), meta,
+                  paddle.to_tensor(np.asarray(logits_indices, dtype=np.int64)))
+        return inputs, samplers, prompt_rows
 
     def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> dict[str, PromptLogprobsOutput]:
         """Raw logprobs of the prompt tokens at `prompt_rows` (state, position, row) from logits x [m, vocab]."""
@@ -127,6 +134,16 @@ class ModelRunner:
             state.num_prompt_logprobs_done = int(positions[-1]) + 2
             results[req_id] = PromptLogprobsOutput(positions + 1, _concat_logprobs(parts))
         return results
+
+
+def _token_type_ids(parts: list[tuple[int, np.ndarray]], num_tokens: int):
+    """[num_tokens] int64 modality ids of the step (0 text) when any request has non-text tokens, else None."""
+    if not parts:
+        return None
+    types = np.zeros(num_tokens, dtype=np.int64)
+    for first_row, part in parts:
+        types[first_row : first_row + len(part)] = part
+    return paddle.to_tensor(types)
 
 
 def _concat_logprobs(parts: list):

@@ -13,8 +13,8 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.forward_meta import ForwardMeta
-from fastdeploy.model_executor.layers.attention import (AppendAttentionInputs, KVCache, PaddleAttentionBackend,
-                                                        allocate_kv_cache)
+from fastdeploy.model_executor.layers.append_attention import AppendAttentionBackend, select_attention_backend
+from fastdeploy.model_executor.layers.attention import KVCache, PaddleAttentionBackend, allocate_kv_cache
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 from fastdeploy.model_executor.ops.attention import append_attention
 
@@ -38,9 +38,8 @@ def make_step(rng, heads, kv_heads, head_dim, lengths):
     free = list(rng.permutation(np.arange(1, num_blocks)))
     tables = [[int(free.pop()) for _ in range(k)] for k in needed]
     positions = np.concatenate([np.arange(h, h + n) for h, n in lengths])
-    meta = ForwardMeta.build(input_ids=[0] * len(positions), positions=positions,
-                             seq_lens_this_time=[n for _, n in lengths], seq_lens_decoder=[h for h, _ in lengths],
-                             block_tables=tables, block_size=BLOCK_SIZE, logits_indices=[0])
+    meta = ForwardMeta.build(seq_lens_this_time=[n for _, n in lengths], seq_lens_decoder=[h for h, _ in lengths],
+                             block_tables=tables, block_size=BLOCK_SIZE, caches=[cache])
     qkv = rng.standard_normal((len(positions), (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     return cache, meta, qkv
 
@@ -93,9 +92,10 @@ def test_op_and_paddle_path_match_reference(heads, kv_heads, head_dim):
     rng = np.random.default_rng(heads * head_dim)
     cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, STEP)
     expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
-    backend = PaddleAttentionBackend(heads, kv_heads, head_dim, BLOCK_SIZE)
     for forced in (False, True):  # the model's route: metadata once per step, then forward per layer
         with fallbacks_forced(forced):
+            backend = select_attention_backend(heads, kv_heads, head_dim, BLOCK_SIZE)
+            assert isinstance(backend, PaddleAttentionBackend if forced else AppendAttentionBackend)
             run_cache = copy_cache(cache)
             got = backend.forward(paddle.to_tensor(qkv), run_cache, backend.init_attention_metadata(meta))
             assert_matches(got, run_cache, expected)
@@ -121,9 +121,9 @@ def test_large_decode_batch_runs_threaded_and_matches():
     steps = [(int(h), 1) for h in rng.integers(100, 300, 48)]
     cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, steps)
     expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
-    backend = PaddleAttentionBackend(heads, kv_heads, head_dim, BLOCK_SIZE)
+    backend = select_attention_backend(heads, kv_heads, head_dim, BLOCK_SIZE)
+    assert isinstance(backend, AppendAttentionBackend)
     attn_meta = backend.init_attention_metadata(meta)
-    assert isinstance(attn_meta, AppendAttentionInputs)
     got = backend.forward(paddle.to_tensor(qkv), cache, attn_meta)
     assert_matches(got, cache, expected)
 
@@ -133,7 +133,8 @@ def test_head_dims_the_op_does_not_take_use_the_paddle_path():
     rng = np.random.default_rng(5)
     cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, STEP[:9])
     expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
-    backend = PaddleAttentionBackend(heads, kv_heads, head_dim, BLOCK_SIZE)
+    backend = select_attention_backend(heads, kv_heads, head_dim, BLOCK_SIZE)
+    assert isinstance(backend, PaddleAttentionBackend)
     got = backend.forward(paddle.to_tensor(qkv), cache, backend.init_attention_metadata(meta))
     assert_matches(got, cache, expected)
 

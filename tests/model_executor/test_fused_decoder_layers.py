@@ -1,7 +1,8 @@
 """`fd_decoder_layers` (a run of decoder layers in one compiled op call) against the layer-by-layer path.
 
-Oracle: the same model run layer by layer through the single ops (DecoderLayer.forward), which the
-transformers comparisons in test_llama_vs_transformers.py and test_default_model_greedy.py check.
+Oracle: the same model run layer by layer through the single ops (its plan of runs replaced by the
+layers themselves, each through DecoderLayer.forward), which the transformers comparisons in
+test_llama_vs_transformers.py and test_default_model_greedy.py check.
 The fused op calls the same kernels in the same order, so logits must be bit-identical: on a tiny
 dense Llama (weights through Paddle's matmul) and on the default GGUF model (Q4_1 blocks through
 gguf_linear; Q8_0 lm_head), for prefills with cached history and for decode steps.
@@ -10,9 +11,10 @@ import numpy as np
 import pytest
 
 from fastdeploy import LLM
-from fastdeploy.model_executor.forward_meta import ForwardMeta
-from fastdeploy.model_executor.models.causal_lm import layer_runs
+from fastdeploy.model_executor.layers.fused_decoder_layers import FusedDecoderLayers, consecutive_runs
+from fastdeploy.model_executor.layers.quantization.gguf import GGUFLinearMethod
 
+from runner_access import forward_logits, model_runner
 from tiny_llama import make_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("ops_enabled")
@@ -25,38 +27,25 @@ def step_logits(llm: LLM, prompts: list[list[int]], history: int) -> np.ndarray:
     tables = [engine.block_pool.allocate(-(-(history + len(p)) // block_size)) for p in prompts]
     rng = np.random.default_rng(history)
     past = [rng.integers(10, 500, size=history).tolist() for _ in prompts]
-
-    def forward(tokens, start):
-        meta = ForwardMeta.build(
-            input_ids=[t for p in tokens for t in p],
-            positions=np.concatenate([np.arange(start, start + len(p)) for p in tokens]),
-            seq_lens_this_time=[len(p) for p in tokens],
-            seq_lens_decoder=[start] * len(tokens),
-            block_tables=tables,
-            block_size=block_size,
-            logits_indices=list(range(sum(len(p) for p in tokens))),
-        )
-        return engine.executor.runner.model.forward(meta, engine.executor.runner.kv_caches).numpy()
-
     try:
         if history:
-            forward(past, 0)
-        return forward(prompts, history)
+            forward_logits(llm, past, tables, history=0)
+        return forward_logits(llm, prompts, tables, history)
     finally:
         for t in tables:
             engine.block_pool.free(t)
 
 
 def fused_and_layerwise(llm: LLM, prompts: list[list[int]], history: int) -> tuple[np.ndarray, np.ndarray]:
-    model = llm.llm_engine.executor.runner.model
-    runs = model.runs
-    assert runs == [(0, len(model.layers), True)], "every layer of these models is fusable"
+    decoder = model_runner(llm).model.model
+    runs = decoder.runs
+    assert len(runs) == 1 and isinstance(runs[0], FusedDecoderLayers), "every layer of these models is fused"
     fused = step_logits(llm, prompts, history)
-    model.runs = [(0, len(model.layers), False)]
+    decoder.runs = list(decoder.layers)
     try:
         layerwise = step_logits(llm, prompts, history)
     finally:
-        model.runs = runs
+        decoder.runs = runs
     return fused, layerwise
 
 
@@ -81,19 +70,15 @@ def gguf_llm(smollm_path):
 
 @pytest.mark.parametrize("lengths", [[1], [1] * 20, [9, 4]])  # block kernels (1, 9 rows), the wide one (20)
 def test_default_gguf_model_fused_equals_layerwise(gguf_llm, lengths):
-    assert gguf_llm.llm_engine.executor.runner.model.layers[0].weights["qkv"].blocks is not None  # GGUF blocks
+    qkv_proj = model_runner(gguf_llm).model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv_proj.method, GGUFLinearMethod)  # GGUF blocks
     rng = np.random.default_rng(len(lengths))
     prompts = [rng.integers(10, 40000, size=n).tolist() for n in lengths]
     fused, layerwise = fused_and_layerwise(gguf_llm, prompts, history=30)
     np.testing.assert_array_equal(fused, layerwise)
 
 
-class _Layer:
-    def __init__(self, fusable):
-        self.fusable = fusable
-
-
-def test_layer_runs_group_consecutive_layers():
+def test_consecutive_runs_group_equal_flags():
     flags = [True, True, False, True, False, False]
-    assert layer_runs([_Layer(f) for f in flags]) == [(0, 2, True), (2, 3, False), (3, 4, True), (4, 6, False)]
-    assert layer_runs([]) == []
+    assert consecutive_runs(flags) == [(0, 2, True), (2, 3, False), (3, 4, True), (4, 6, False)]
+    assert consecutive_runs([]) == []

@@ -1,4 +1,4 @@
-"""The compiled `gguf_linear` op and LinearWeight against gguf-py's dequantization and numpy matmuls.
+"""The compiled `gguf_linear` op and the GGUF linear method against gguf-py's dequantization and numpy matmuls.
 
 Oracle: gguf-py's reference `quantize`/`dequantize` (the values transformers loads from a GGUF) and a
 float64 numpy matmul. Tolerances: the dequantized weights must equal gguf-py's within 1 ulp (the AVX-512
@@ -10,7 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from fastdeploy.model_executor.layers.linear import DENSE_FROM_ROWS, LinearWeight
+from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.quantization.gguf import DENSE_FROM_ROWS, GGUFConfig, GGUFLinearMethod
 from fastdeploy.model_executor.model_loader.quantized import (Q4_0, Q4_1, Q8_0, QuantizedTensor,
                                                               blocks_from_interleaved)
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
@@ -93,57 +94,67 @@ def test_op_keeps_leading_dims_and_rejects_bad_input():
         compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks[:, :-1]), w.qtype)
 
 
+def gguf_linear_layer(k: int, parts: list) -> Linear:
+    """A Linear packing len(parts) checkpoint tensors (rows, ggml type or None for float), its method
+    chosen as the model does from the types a GGUF header gives."""
+    types = {f"part{i}.weight": qtype for i, (_, qtype) in enumerate(parts) if qtype}
+    method = GGUFConfig(types).linear_method([f"part{i}.weight" for i in range(len(parts))])
+    return Linear(k, {i: rows for i, (rows, _) in enumerate(parts)}, False, method)
+
+
 def fused(rng, parts):
-    """A LinearWeight of len(parts) row ranges loaded in shuffled order; returns it and the dense [out, in]."""
+    """A Linear of len(parts) row ranges loaded in shuffled order; returns it and the dense [out, in]."""
     k = 64
-    weight = LinearWeight(k, sum(rows for rows, _ in parts))
-    pieces, start = [], 0
-    for rows, qtype in parts:
-        piece = quantized(rng, rows, k, qtype) if qtype else rng.standard_normal((rows, k)).astype(np.float32)
-        pieces.append(((start, start + rows), piece))
-        start += rows
+    layer = gguf_linear_layer(k, parts)
+    pieces = [quantized(rng, rows, k, qtype) if qtype else rng.standard_normal((rows, k)).astype(np.float32)
+              for rows, qtype in parts]
     for i in rng.permutation(len(pieces)):
-        weight.load(*pieces[i])
-    dense = np.concatenate([p.dequantize() if isinstance(p, QuantizedTensor) else p for _, p in pieces])
-    return weight, dense
+        layer.weight_loader(layer.weight, pieces[i], int(i))
+    dense = np.concatenate([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in pieces])
+    return layer, dense
 
 
 @pytest.mark.parametrize("parts,kept_quantized", [
     ([(24, Q4_1), (8, Q4_1), (8, Q4_1)], True),   # qkv-like, one type: one block matrix
     ([(16, Q8_0)], True),
+    ([(7, Q4_0), (6, Q4_0)], True),  # shards not multiples of the 4-row groups; 13 rows: a partial group
     ([(24, Q4_1), (8, Q8_0), (8, Q4_1)], False),  # mixed types: dequantized
     ([(24, Q4_1), (8, None), (8, Q4_1)], False),  # a float part: dequantized
 ])
-def test_linear_weight_assembles_parts_in_row_order(parts, kept_quantized):
+def test_gguf_method_assembles_parts_in_row_order(parts, kept_quantized):
     rng = np.random.default_rng(len(parts))
-    weight, dense = fused(rng, parts)
-    compiled("gguf_linear")  # the compiled op is built, so only the types decide
-    assert (weight.blocks is not None) == kept_quantized and (weight.dense is None) == kept_quantized
+    layer, dense = fused(rng, parts)
+    assert isinstance(layer.method, GGUFLinearMethod) == kept_quantized  # the compiled op is built: types decide
+    assert layer.weight.dtype == (paddle.uint8 if kept_quantized else paddle.float32)
     x = rng.standard_normal((5, 64)).astype(np.float32)
-    assert_matmul_close(weight(paddle.to_tensor(x)).numpy(), x, dense)
+    assert_matmul_close(layer(paddle.to_tensor(x)).numpy(), x, dense)
 
 
-def test_linear_weight_with_fallbacks_forced_is_dense_and_equal():
+def test_gguf_method_with_fallbacks_forced_is_dense_and_equal():
     rng = np.random.default_rng(7)
     with fallbacks_forced():
-        weight, dense = fused(rng, [(24, Q4_1), (16, Q4_1)])
-    assert weight.blocks is None and weight.dense is not None
-    np.testing.assert_array_equal(weight.dense.numpy(), dense.T)
+        layer, dense = fused(rng, [(24, Q4_1), (16, Q4_1)])
+    assert isinstance(layer.method, UnquantizedLinearMethod)
+    np.testing.assert_array_equal(layer.weight.numpy(), dense.T)
 
 
-def test_linear_weight_rejects_a_wrong_shape():
-    weight = LinearWeight(64, 16)
+def test_linear_rejects_a_wrong_shape_and_a_type_the_header_did_not_announce():
+    layer = Linear(64, {None: 16}, False, UnquantizedLinearMethod())
     with pytest.raises(ValueError, match=r"has shape \[16, 32\], expected \[16, 64\]"):
-        weight.load(None, np.zeros((16, 32), np.float32))
+        layer.weight_loader(layer.weight, np.zeros((16, 32), np.float32))
+    layer = gguf_linear_layer(64, [(16, Q4_1)])
+    with pytest.raises(ValueError, match="GGUF type 8, but the file's header announced type 3"):
+        layer.weight_loader(layer.weight, quantized(np.random.default_rng(9), 16, 64, Q8_0), 0)
 
 
 def test_quantized_weight_uses_a_dense_copy_from_many_rows():
     rng = np.random.default_rng(8)
-    weight, dense = fused(rng, [(24, Q4_1), (8, Q4_1)])
+    layer, dense = fused(rng, [(24, Q4_1), (8, Q4_1)])
     few = rng.standard_normal((DENSE_FROM_ROWS - 1, 64)).astype(np.float32)
-    assert_matmul_close(weight(paddle.to_tensor(few)).numpy(), few, dense)
-    assert weight.dense is None  # few rows: computed on the blocks
+    assert_matmul_close(layer(paddle.to_tensor(few)).numpy(), few, dense)
+    assert layer.method.operand(layer, len(few))[1] == Q4_1  # few rows: computed on the blocks
     many = rng.standard_normal((DENSE_FROM_ROWS, 64)).astype(np.float32)
-    assert_matmul_close(weight(paddle.to_tensor(many)).numpy(), many, dense)
-    assert weight.blocks is not None
-    np.testing.assert_array_equal(weight.dense.numpy(), dense.T)  # exactly the dequantized weights
+    assert_matmul_close(layer(paddle.to_tensor(many)).numpy(), many, dense)
+    weight, qtype = layer.method.operand(layer, len(many))
+    assert qtype == 0
+    np.testing.assert_array_equal(weight.numpy(), dense.T)  # exactly the dequantized weights

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.model_executor.forward_meta import ForwardMeta
 
+from runner_access import forward_logits
 from tiny_llama import VOCAB_SIZE, make_tiny_llama
 
 PROMPT_LENGTHS = [1, 7, 64, 65, 130, 300]  # around block boundaries of block_size 64; 300 is a long prefill
@@ -22,16 +22,7 @@ def our_prefill_logits(llm: LLM, prompts: list[list[int]]) -> list[np.ndarray]:
     block_size = engine.config.cache_config.block_size
     tables = [engine.block_pool.allocate(-(-len(p) // block_size)) for p in prompts]
     try:
-        meta = ForwardMeta.build(
-            input_ids=[t for p in prompts for t in p],
-            positions=np.concatenate([np.arange(len(p)) for p in prompts]),
-            seq_lens_this_time=[len(p) for p in prompts],
-            seq_lens_decoder=[0] * len(prompts),
-            block_tables=tables,
-            block_size=block_size,
-            logits_indices=list(range(sum(len(p) for p in prompts))),
-        )
-        logits = engine.executor.runner.model.forward(meta, engine.executor.runner.kv_caches).numpy()
+        logits = forward_logits(llm, prompts, tables, history=0)
     finally:
         for t in tables:
             engine.block_pool.free(t)

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.model_executor.ops import compiled_ops
 
+from runner_access import model_runner
 from test_llama_vs_transformers import PROMPT_LENGTHS, our_prefill_logits
 from tiny_llama import VOCAB_SIZE
 from tiny_models import TINY_MODELS, copy_checkpoint, edit_safetensors, make_tiny_model, read_config
@@ -42,14 +44,23 @@ def prompts() -> list[list[int]]:
 
 
 class Zoo:
-    """One tiny checkpoint: its directory, transformers' model on it and our LLM on it.
+    """One tiny checkpoint: its directory, transformers' model on it and our LLMs on it.
 
-    transformers' results are cached: they do not depend on which attention implementation we test.
+    Our model chooses its kernels when built, so there is one LLM per ops state (compiled ops or
+    forced fallbacks), built on first use in that state. transformers' results are cached: they do
+    not depend on which implementation we test.
     """
 
-    def __init__(self, name, path, hf, llm):
-        self.name, self.path, self.hf, self.llm = name, path, hf, llm
-        self._ref_logits, self._ref_greedy = {}, {}
+    def __init__(self, name, path, hf):
+        self.name, self.path, self.hf = name, path, hf
+        self._llms, self._ref_logits, self._ref_greedy = {}, {}, {}
+
+    def llm(self) -> LLM:
+        """Our LLM built with the compiled ops or the fallbacks, whichever the caller's context has."""
+        compiled = compiled_ops() is not None
+        if compiled not in self._llms:
+            self._llms[compiled] = LLM(model=str(self.path), **LLM_KWARGS)
+        return self._llms[compiled]
 
     def ref_logits(self, prompt: list[int]) -> np.ndarray:
         key = tuple(prompt)
@@ -74,7 +85,7 @@ def zoo_of(tmp_path_factory):
         if name not in built:
             path = tmp_path_factory.mktemp(name)
             hf = make_tiny_model(path, name)
-            built[name] = Zoo(name, path, hf, LLM(model=str(path), **LLM_KWARGS))
+            built[name] = Zoo(name, path, hf)
         return built[name]
 
     return get
@@ -87,10 +98,10 @@ ERNIE = pytest.mark.parametrize("name", [n for n in TINY_MODELS if n.startswith(
 @ALL
 def test_ragged_prefill_logits_match_transformers(zoo_of, name, prompts, attention_impl):
     zoo = zoo_of(name)
-    model = zoo.llm.llm_engine.executor.runner.model
+    model = model_runner(zoo.llm()).model
     assert type(model).__name__ == TINY_MODELS[name][0]
     assert model.config.head_dim == zoo.hf.model.layers[0].self_attn.head_dim  # qwen3: 32, not 64 / 4
-    ours = our_prefill_logits(zoo.llm, prompts)
+    ours = our_prefill_logits(zoo.llm(), prompts)
     for prompt, logits in zip(prompts, ours):
         ref = zoo.ref_logits(prompt)
         assert logits.shape == ref.shape == (len(prompt), VOCAB_SIZE)
@@ -101,7 +112,7 @@ def test_ragged_prefill_logits_match_transformers(zoo_of, name, prompts, attenti
 @ALL
 def test_greedy_generation_matches_transformers(zoo_of, name, prompts, attention_impl):
     zoo = zoo_of(name)
-    outputs = zoo.llm.generate(prompts, GREEDY, use_tqdm=False)
+    outputs = zoo.llm().generate(prompts, GREEDY, use_tqdm=False)
     assert len(outputs) == len(prompts)
     for prompt, output in zip(prompts, outputs):
         assert output.outputs.token_ids == zoo.ref_greedy(prompt, 32), f"{zoo.name}: prompt length {len(prompt)}"
@@ -124,9 +135,9 @@ def test_ernie_checkpoint_needs_the_interleaved_rope_permutation(zoo_of, name, p
         cfg["mlp_bias"] = use_bias
 
     llama = LLM(model=str(copy_checkpoint(zoo.path, tmp_path / "as_llama", as_llama)), **LLM_KWARGS)
-    assert type(llama.llm_engine.executor.runner.model).__name__ == "LlamaForCausalLM"
+    assert type(model_runner(llama).model).__name__ == "LlamaForCausalLM"
     as_llama_logits = our_prefill_logits(llama, prompts)
-    ours = our_prefill_logits(zoo.llm, prompts)
+    ours = our_prefill_logits(zoo.llm(), prompts)
     for prompt, wrong, right in zip(prompts, as_llama_logits, ours):
         ref = zoo.ref_logits(prompt)
         assert np.abs(right - ref).max() <= 1e-4

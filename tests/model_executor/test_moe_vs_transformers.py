@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.model_executor.layers.decoder_layer import DenseMLP
+from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.moe import SparseMoE
 
+from runner_access import model_runner
 from test_llama_vs_transformers import our_prefill_logits
 from tiny_llama import write_tokenizer
 
@@ -129,8 +130,8 @@ def hf_routing(hf, prompts, sparse_layers):
 
 def our_routing(llm, prompts, monkeypatch):
     """{layer: Routing} of our one ragged prefill of the prompts (SparseMoE.route wrapped)."""
-    model = llm.llm_engine.executor.runner.model
-    layer_of = {id(layer.mlp): i for i, layer in enumerate(model.layers)}
+    model = model_runner(llm).model
+    layer_of = {id(layer.mlp): i for i, layer in enumerate(model.model.layers)}
     captured = {}
     route = SparseMoE.route
 
@@ -201,11 +202,12 @@ def test_ernie_correction_bias_chooses_but_does_not_weight(ernie_case, monkeypat
     case = ernie_case
     ref = hf_routing(case.hf, case.prompts, case.sparse_layers)
     ours, _ = our_routing(case.llm, case.prompts, monkeypatch)
-    model = case.llm.llm_engine.executor.runner.model
+    model = model_runner(case.llm).model
     changed = 0
     for i in case.sparse_layers:
         bias = case.hf.model.layers[i].mlp.gate.moe_statics.e_score_correction_bias.detach().numpy()[0]
-        np.testing.assert_array_equal(np.from_dlpack(model.layers[i].mlp.weights["e_score_correction_bias"])[0], bias)
+        statics = model.model.layers[i].mlp.moe_statics
+        np.testing.assert_array_equal(statics.e_score_correction_bias.numpy()[0], bias)
         router_logits, ref_weights, ref_experts = ref[i]
         p = torch.softmax(torch.from_numpy(router_logits), dim=-1).numpy()
         by_p = np.sort(np.argsort(-p, axis=1, kind="stable")[:, :TOP_K], axis=1)
@@ -249,9 +251,9 @@ def test_ernie_dense_first_layer_has_no_experts(ernie_dir, tmp_path):
     assert not any(n.startswith("model.layers.0.mlp.experts.") for n in names)
     assert "model.layers.0.mlp.gate_proj.weight" in names
     llm = LLM(model=str(ernie_dir), max_model_len=256, num_gpu_blocks_override=8)
-    model = llm.llm_engine.executor.runner.model
-    assert isinstance(model.layers[0].mlp, DenseMLP)
-    assert [isinstance(layer.mlp, SparseMoE) for layer in model.layers] == [False, True, True]
+    model = model_runner(llm).model
+    assert isinstance(model.model.layers[0].mlp, DenseMLP)
+    assert [isinstance(layer.mlp, SparseMoE) for layer in model.model.layers] == [False, True, True]
     expected = model.expected_weight_names()
     assert not any(n.startswith("model.layers.0.mlp.experts.") or n.startswith("model.layers.0.mlp.gate.")
                    for n in expected)

@@ -1,14 +1,13 @@
-"""Paged attention backend: the compiled `append_attention` op, or the pure-Paddle path (its reference).
+"""Paged attention, pure-Paddle backend: the reference of the compiled `append_attention` op.
 
 One call per layer: write this step's K/V into the paged cache by slot mapping, then attend each
 request's new query tokens over everything its sequence has in the cache, causally. The input is
 the fused projection `qkv [num_tokens, (heads + 2 kv_heads) * head_dim]` with RoPE applied.
 
-When the custom ops are built (custom_ops/cpu_ops/append_attention.cc) and the shapes suit the op
-(head_dim a multiple of 16, block_size a multiple of 4), each layer is one op call that writes the cache and
-attends in place through the block tables; the step's metadata is then four int64 tensors shared
-by all layers. Otherwise (fallbacks forced, no compiler) the pure-Paddle path below runs, which is
-the op's reference; tests run both against each other.
+The model chooses its backend once, at build (layers/append_attention.py: select_attention_backend):
+the compiled op's backend when the op is built and the shapes suit it, else this one. Both have
+the same two calls: `init_attention_metadata(forward_meta)` once per step, `forward(qkv, cache,
+attn_metadata)` once per layer; tests run both against each other.
 
 KV cache per layer: key/value `[num_blocks, kv_heads, block_size, head_dim]` (FastDeploy's layout),
 held as numpy arrays viewed as `[num_blocks * kv_heads, block_size, head_dim]`: one (block, kv head)
@@ -52,17 +51,6 @@ def _as_paddle(array: np.ndarray) -> paddle.Tensor:
 
 def _as_numpy(tensor: paddle.Tensor) -> np.ndarray:
     return np.from_dlpack(tensor)
-
-
-@dataclass
-class AppendAttentionInputs:
-    """Per-step inputs of the compiled op (int64 tensors sharing memory with ForwardMeta's arrays)."""
-
-    op: Callable
-    slot_mapping: paddle.Tensor  # [num_tokens]
-    cu_seqlens_q: paddle.Tensor  # [bs + 1]
-    seq_lens_decoder: paddle.Tensor  # [bs]
-    block_tables: paddle.Tensor  # [bs, max_blocks], -1 padded
 
 
 @dataclass
@@ -191,18 +179,8 @@ class PaddleAttentionBackend:
         self.scale = head_dim**-0.5 if scale is None else scale
 
     # ---- per step ----------------------------------------------------------------------------
-    def init_attention_metadata(self, meta: ForwardMeta):
-        """Per-step inputs shared by every layer: the op's index tensors when the compiled op runs
-        (AppendAttentionInputs), else the Paddle path's indices and masks (AttentionMetadata)."""
-        op = compiled_append_attention(self.head_dim, self.block_size)
-        if op is None:
-            return self.paddle_metadata(meta)
-        index = [_as_paddle(np.ascontiguousarray(a, dtype=np.int64))
-                 for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder, meta.block_tables)]
-        return AppendAttentionInputs(op, *index)
-
-    def paddle_metadata(self, meta: ForwardMeta) -> AttentionMetadata:
-        """The Paddle path's indices and masks for a step (uses meta's numpy arrays only)."""
+    def init_attention_metadata(self, meta: ForwardMeta) -> AttentionMetadata:
+        """The step's indices and masks, shared by every layer (uses meta's numpy arrays only)."""
         kvh, bs = self.num_kv_heads, self.block_size
         slots = meta.slot_mapping
         rows = (slots // bs)[:, None] * kvh + np.arange(kvh)[None, :]  # [num_tokens, kv_heads]
@@ -244,16 +222,12 @@ class PaddleAttentionBackend:
         return LongPrefill(int(meta.cu_seqlens_q[i]), n, int(history[0]), rows, mask, to_grouped, from_grouped)
 
     # ---- per layer ---------------------------------------------------------------------------
-    def forward(self, qkv: paddle.Tensor, cache: KVCache, meta) -> paddle.Tensor:
-        # qkv: [num_tokens, (heads + 2 kv_heads) * head_dim] contiguous, RoPE applied to q and k
-        # meta: this step's init_attention_metadata; returns [num_tokens, heads * head_dim]
-        if isinstance(meta, AppendAttentionInputs):
-            return meta.op(qkv, cache.key_tensor, cache.value_tensor, meta.slot_mapping, meta.cu_seqlens_q,
-                           meta.seq_lens_decoder, meta.block_tables, self.num_heads, self.scale)
-        return self.paddle_forward(qkv, cache, meta)
+    def forward(self, qkv: paddle.Tensor, cache: KVCache, meta: AttentionMetadata) -> paddle.Tensor:
+        """Write this step's K/V into `cache`, then attend; meta: this step's init_attention_metadata.
 
-    def paddle_forward(self, qkv: paddle.Tensor, cache: KVCache, meta: AttentionMetadata) -> paddle.Tensor:
-        """The pure-Paddle path of `forward`, with paddle_metadata's metadata."""
+        qkv: [num_tokens, (heads + 2 kv_heads) * head_dim] contiguous, RoPE applied to q and k.
+        Returns [num_tokens, heads * head_dim].
+        """
         n, heads, kvh, dim = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         rows = _as_numpy(qkv)  # [n, (heads + 2 kvh) * dim]
         k, v = rows[:, heads * dim : (heads + kvh) * dim], rows[:, (heads + kvh) * dim :]

@@ -6,17 +6,23 @@ weighted by their p (the bias only chooses). Weights are renormalised to sum 1 w
 `normalize` (Qwen3's norm_topk_prob; ERNIE always, dividing by max(sum, norm_min)).
 Output = sum over chosen experts of weight x expert(x) (SwiGLU experts) + shared experts' MLP(x).
 
-Experts are stored per expert, [in, out]: gate_up [hidden, 2 * moe_intermediate], down
-[moe_intermediate, hidden]. Each expert runs once per step on the tokens routed to it.
+Parameters (names relative to the layer, as the checkpoint's after packing gate/up): mlp.gate.weight
+(the router, [hidden, experts], always dense float32), mlp.moe_statics.e_score_correction_bias
+[1, experts] (ERNIE), mlp.experts.{e}.gate_up_proj / down_proj (a DenseMLP per expert: shards of
+gate_proj and up_proj), mlp.shared_experts.* (ERNIE). Each expert runs once per step on the tokens
+routed to it. `forward` receives the tokens' modality (`token_type_ids`, ForwardMeta) so that a
+multimodal MoE can route on it; the text models here ignore it.
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import paddle
 
 from fastdeploy.config import ModelConfig
-from fastdeploy.model_executor.ops.activation import silu_and_mul
-from fastdeploy.model_executor.layers.decoder_layer import DenseMLP
+from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.mlp import DenseMLP
+from fastdeploy.model_executor.layers.parameters import empty_parameter
 
 
 @dataclass
@@ -25,57 +31,51 @@ class Routing:
     weights: np.ndarray  # [n, top_k] float32 mixing weights
 
 
-class SparseMoE:
+class CorrectionBias(paddle.nn.Layer):
+    """ERNIE's `moe_statics`: e_score_correction_bias [1, experts], added to p to choose experts."""
+
+    def __init__(self, num_experts: int):
+        super().__init__()
+        self.e_score_correction_bias = empty_parameter([1, num_experts])
+
+
+class SparseMoE(paddle.nn.Layer):
     def __init__(self, config: ModelConfig, num_experts: int, top_k: int, intermediate_size: int,
-                 normalize: bool, norm_min: float = 0.0, correction_bias: bool = False,
-                 shared_intermediate_size: int = 0):
+                 normalize: bool, quant_config: Optional[QuantConfig], prefix: str, norm_min: float = 0.0,
+                 correction_bias: bool = False, shared_intermediate_size: int = 0):
+        super().__init__()
         hidden = config.hidden_size
-        self.num_experts, self.top_k, self.inter = num_experts, top_k, intermediate_size
+        self.num_experts, self.top_k = num_experts, top_k
         self.normalize, self.norm_min = normalize, norm_min
-        self.weights = {"gate": paddle.empty([hidden, num_experts])}
-        if correction_bias:
-            self.weights["e_score_correction_bias"] = paddle.empty([1, num_experts])
-        for e in range(num_experts):
-            self.weights[f"gate_up.{e}"] = paddle.empty([hidden, 2 * intermediate_size])
-            self.weights[f"down.{e}"] = paddle.empty([intermediate_size, hidden])
-        self.shared = DenseMLP(config, shared_intermediate_size, "mlp.shared_experts") if shared_intermediate_size else None
+        self.gate = Linear(hidden, {None: num_experts}, False, UnquantizedLinearMethod())  # router: float32
+        self.moe_statics = CorrectionBias(num_experts) if correction_bias else None
+        self.experts = paddle.nn.LayerList([DenseMLP(hidden, intermediate_size, False, quant_config,
+                                                     f"{prefix}.experts.{e}") for e in range(num_experts)])
+        self.shared_experts = (DenseMLP(hidden, shared_intermediate_size, config.mlp_bias, quant_config,
+                                        f"{prefix}.shared_experts") if shared_intermediate_size else None)
 
     def route(self, x: paddle.Tensor) -> Routing:
         """Chosen experts and weights for x [n, hidden]."""
-        logits = np.from_dlpack(paddle.matmul(x, self.weights["gate"])).astype(np.float32)  # [n, E]
+        logits = np.from_dlpack(self.gate(x)).astype(np.float32)  # [n, E]
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         scores = probs
-        if "e_score_correction_bias" in self.weights:
-            scores = probs + np.from_dlpack(self.weights["e_score_correction_bias"])[0]
+        if self.moe_statics is not None:
+            scores = probs + np.from_dlpack(self.moe_statics.e_score_correction_bias)[0]
         experts = np.argsort(-scores, axis=1, kind="stable")[:, : self.top_k]  # ties: lower id, as torch.topk
         weights = np.take_along_axis(probs, experts, axis=1)
         if self.normalize:
             weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), self.norm_min)
         return Routing(experts, weights.astype(np.float32))
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        # x: [n, hidden] -> [n, hidden]
+    def forward(self, x: paddle.Tensor, token_type_ids: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """x: [n, hidden] -> [n, hidden]. token_type_ids [n] (0 text, 1 image, 2 video) or None: the
+        tokens' modality, for routers that depend on it; these text routers do not read it."""
         routing = self.route(x)
         out = np.zeros(x.shape, np.float32)
         for e in np.unique(routing.experts):
             tokens, slot = np.nonzero(routing.experts == e)
-            h = paddle.gather(x, paddle.to_tensor(tokens))
-            y = paddle.matmul(silu_and_mul(paddle.matmul(h, self.weights[f"gate_up.{e}"])), self.weights[f"down.{e}"])
+            y = self.experts[int(e)](paddle.gather(x, paddle.to_tensor(tokens)))  # [tokens, hidden]
             np.add.at(out, tokens, np.from_dlpack(y) * routing.weights[tokens, slot, None])
         result = paddle.to_tensor(out)
-        return result + self.shared.forward(x) if self.shared is not None else result
-
-    def hf_weight_table(self) -> dict:
-        """HF name (inside the layer) -> (weights dict, key, column range or None, transpose?)."""
-        w, i = self.weights, self.inter
-        table = {"mlp.gate.weight": (w, "gate", None, True)}
-        if "e_score_correction_bias" in w:
-            table["mlp.moe_statics.e_score_correction_bias"] = (w, "e_score_correction_bias", None, False)
-        for e in range(self.num_experts):
-            table[f"mlp.experts.{e}.gate_proj.weight"] = (w, f"gate_up.{e}", (0, i), True)
-            table[f"mlp.experts.{e}.up_proj.weight"] = (w, f"gate_up.{e}", (i, 2 * i), True)
-            table[f"mlp.experts.{e}.down_proj.weight"] = (w, f"down.{e}", None, True)
-        if self.shared is not None:
-            table.update(self.shared.hf_weight_table())
-        return table
+        return result + self.shared_experts(x) if self.shared_experts is not None else result

@@ -3,12 +3,18 @@
 Frequencies follow transformers' `ROPE_INIT_FUNCTIONS` for the rope types we support: "default",
 "linear" (positions divided by `factor`) and "llama3" (Llama 3.1's wavelength-dependent scaling).
 The tables are computed in float32 the way transformers computes them, so logits match it.
+The rotation kernel (compiled `fd_rotary_embedding`, or the pure-Paddle reference of
+ops/rotary_embedding.py) is chosen when the tables are built. Positions always come from the
+model's `positions` argument (an M-RoPE variant would take its `[3, num_tokens]` form there).
 """
 import math
 from typing import Optional
 
 import numpy as np
 import paddle
+
+from fastdeploy.model_executor.ops import compiled_op
+from fastdeploy.model_executor.ops.rotary_embedding import _paddle_rotary_embedding_
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
@@ -47,3 +53,14 @@ class RotaryEmbedding:
         sign = np.concatenate([-np.ones(half, np.float32), np.ones(half, np.float32)])
         self.cos = paddle.to_tensor(np.cos(angles))
         self.sin_signed = paddle.to_tensor(np.sin(angles) * sign)  # rotate_half's sign folded in
+        self.head_dim = head_dim
+        self._op = compiled_op("fd_rotary_embedding")
+
+    def rotate_(self, positions: paddle.Tensor, qkv: paddle.Tensor, num_heads: int, num_kv_heads: int) -> None:
+        """Rotate the q and k heads of qkv [n, (num_heads + 2 num_kv_heads) * head_dim] (contiguous
+        float32) in place by positions [n] int64; v is left bit-identical (see rotary_embedding_)."""
+        if self._op is not None:
+            self._op(qkv, positions, self.cos, self.sin_signed, num_heads, num_kv_heads, self.head_dim)
+        else:
+            _paddle_rotary_embedding_(qkv, positions, self.cos, self.sin_signed, num_heads + num_kv_heads,
+                                      self.head_dim)

@@ -1,8 +1,9 @@
 """Open a llama.cpp GGUF file: config and tokenizer from its metadata, tensors by Hugging Face names.
 
 Matrices in Q4_0, Q4_1 or Q8_0 come as `QuantizedTensor` (their blocks; the model keeps them
-quantized when it can compute on them, see layers/linear.py); other tensors are dequantized to
-float32 with the `gguf` package.
+quantized when it can compute on them, see layers/quantization/gguf.py, deciding so at build from
+the header's tensor types: `gguf_quant_config`); other tensors are dequantized to float32 with the
+`gguf` package.
 llama.cpp's converter permutes the rows of Llama's Q and K projections (to turn the rotate-half
 RoPE layout into the interleaved one it computes with); `unpermute_qk` undoes it, as
 transformers' GGUF loader does.
@@ -77,6 +78,14 @@ def gguf_hf_config(reader, arch: str) -> dict:
     }
 
 
+def gguf_quant_config(reader):
+    """The GGUFConfig of the file's header: the type of every matrix handed over as a QuantizedTensor."""
+    from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig
+
+    return GGUFConfig({hf_tensor_name(t.name): int(t.tensor_type) for t in reader.tensors
+                       if int(t.tensor_type) in LINEAR_QTYPES and len(t.shape) == 2})
+
+
 def _tensor(tensor):
     """QuantizedTensor for a matrix in a type the engine computes on, else a float32 array."""
     import gguf
@@ -115,4 +124,5 @@ def open_gguf(path: Path) -> ModelSource:
         generation_config={},
         tokenizer=load_gguf_tokenizer(reader),
         weights=lambda: iter_gguf_tensors(reader, hf_config),
+        quant_config=gguf_quant_config(reader),
     )

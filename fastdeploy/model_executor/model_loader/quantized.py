@@ -12,6 +12,14 @@ _GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
 ROW_GROUP = 4  # rows per group of the interleaved layout
 
 
+def interleaved_shape(qtype: int, rows: int, in_features: int) -> list[int]:
+    """Shape of `gguf_interleave_rows`' output for a [rows, in_features] weight of `qtype`:
+    [ceil(rows / 4), in_features / 32 * group bytes] uint8 (see blocks_from_interleaved)."""
+    headers, quant = _GGUF_BLOCK[qtype]
+    group_bytes = 16 * (headers // 2) + ROW_GROUP * quant
+    return [-(-rows // ROW_GROUP), in_features // 32 * group_bytes]
+
+
 def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:
     """GGUF's row-major blocks [rows, in / 32 * block bytes] back from the compiled op's layout.
 

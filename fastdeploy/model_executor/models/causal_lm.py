@@ -1,27 +1,59 @@
-"""A decoder-only causal LM over the paged KV cache: embedding -> decoder layers -> RMSNorm -> lm_head.
+"""A decoder-only causal LM as a paddle.nn.Layer tree: embedding -> decoder layers -> RMSNorm, and lm_head.
 
-Parameters are allocated uninitialised (`paddle.empty`): loading fills every one or raises for the
-missing ones. Model files subclass it with what is particular to them: the layers they build (`make_mlp`), the
-config flags they imply (`adapt_config`), and any reordering of checkpoint tensors
-(`transform_weight`). Loading takes Hugging Face names and [out, in] arrays, one tensor at a time.
-Logits are computed only at `ForwardMeta.logits_indices`.
+The runner-facing contract is in models/__init__.py. Model files subclass `CausalLM` with what is
+particular to them: the MLP of each layer (`make_mlp`), the config flags they imply
+(`adapt_config`), and any reordering of checkpoint tensors (`transform_weight`).
 """
 import dataclasses
+from typing import Iterable, Optional
 
-import numpy as np
 import paddle
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.forward_meta import ForwardMeta
-from fastdeploy.model_executor.layers.attention import AppendAttentionInputs, PaddleAttentionBackend
-from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer, DenseMLP, fused_decoder_layers
-from fastdeploy.model_executor.layers.linear import LinearWeight, copy_transposed
-from fastdeploy.model_executor.ops.normalization import fused_add_rms_norm
+from fastdeploy.model_executor.layers.append_attention import select_attention_backend
+from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
+from fastdeploy.model_executor.layers.embeddings import VocabEmbedding
+from fastdeploy.model_executor.layers.fused_decoder_layers import plan_layer_runs
+from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
+from fastdeploy.model_executor.layers.mlp import DenseMLP
+from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
-from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
+from fastdeploy.model_executor.model_loader.packed_modules import checkpoint_names_of, parameter_of
 
 
-class CausalLM:
+class DecoderModel(paddle.nn.Layer):
+    """The checkpoint's `model.`: embed_tokens, layers, norm; returns normalised hidden states.
+
+    Chooses at build the attention backend (shared by all layers) and which layers run fused.
+    """
+
+    def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
+                 quant_config: Optional[QuantConfig], make_mlp):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        rope = RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
+        self.attn_backend = select_attention_backend(config.num_attention_heads, config.num_key_value_heads,
+                                                     config.head_dim, block_size)
+        self.layers = paddle.nn.LayerList([
+            DecoderLayer(config, i, rope, self.attn_backend, make_mlp(config, i, quant_config, f"model.layers.{i}.mlp"),
+                         quant_config, f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.runs = plan_layer_runs(self.layers, self.attn_backend)
+
+    def forward(self, input_ids: Optional[paddle.Tensor], positions: paddle.Tensor, forward_meta: ForwardMeta,
+                inputs_embeds: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        forward_meta.attn_metadata = self.attn_backend.init_attention_metadata(forward_meta)
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)  # [n, hidden]
+        residual = None
+        for run in self.runs:
+            hidden, residual = run(positions, hidden, residual, forward_meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class CausalLM(paddle.nn.Layer):
     # checkpoint tensors every model ignores on purpose
     IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)
 
@@ -30,135 +62,75 @@ class CausalLM:
         """The config with the flags this architecture implies (none by default)."""
         return config
 
-    def __init__(self, config: ModelConfig, block_size: int, max_model_len: int):
+    def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
+                 quant_config: Optional[QuantConfig] = None):
+        super().__init__()
         self.config = config = self.adapt_config(config)
-        self.layers = [DecoderLayer(config, self.make_mlp(config, i)) for i in range(config.num_hidden_layers)]
-        self.embed_tokens = paddle.empty([config.vocab_size, config.hidden_size])
-        self.norm = paddle.empty([config.hidden_size])
-        # lm_head kept [hidden, vocab] (a transposed copy even when tied: 25% faster GEMM on CPU), or as
-        # the embedding's GGUF blocks
-        self.lm_head = LinearWeight(config.hidden_size, config.vocab_size)
-        self.lm_head_bias = paddle.empty([config.vocab_size]) if config.lm_head_bias else None
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
-        self.attention = PaddleAttentionBackend(
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim, block_size
-        )
-        self.runs = layer_runs(self.layers)
+        self.model = DecoderModel(config, block_size, max_model_len, quant_config, self.make_mlp)
+        # lm_head W [hidden, vocab]: a transposed copy of the embedding when tied (25% faster GEMM on
+        # CPU than the embedding's [vocab, hidden]), or the embedding's GGUF blocks
+        source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        self.lm_head = Linear(config.hidden_size, {None: config.vocab_size}, config.lm_head_bias,
+                              select_linear_method(quant_config, [source]))
 
-    def make_mlp(self, config: ModelConfig, layer_index: int):
-        return DenseMLP(config, config.intermediate_size)
+    def make_mlp(self, config: ModelConfig, layer_index: int, quant_config: Optional[QuantConfig],
+                 prefix: str) -> paddle.nn.Layer:
+        """The MLP of layer `layer_index`, its checkpoint names under `prefix` (a dense SwiGLU by default)."""
+        return DenseMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, quant_config, prefix)
 
-    def forward(self, meta: ForwardMeta, kv_caches: list) -> paddle.Tensor:
-        """Logits [num_sampled, vocab] at meta.logits_indices; writes this step's K/V into kv_caches."""
-        attn_meta = self.attention.init_attention_metadata(meta)
-        hidden, residual = paddle.nn.functional.embedding(meta.input_ids, self.embed_tokens), None  # [n, hidden]
-        fused = isinstance(attn_meta, AppendAttentionInputs)  # the compiled attention op runs this step
-        for start, end, fusable in self.runs:
-            if fusable and fused:
-                hidden, residual = fused_decoder_layers(self.layers[start:end], hidden, residual, self.rope,
-                                                        meta.positions, self.attention, kv_caches[start:end],
-                                                        attn_meta)
-                continue
-            for layer, kv_cache in zip(self.layers[start:end], kv_caches[start:end]):
-                hidden, residual = layer.forward(hidden, residual, self.rope, meta.positions, self.attention,
-                                                 kv_cache, attn_meta)
-        rows = meta.logits_indices  # [num_sampled]
-        hidden, _ = fused_add_rms_norm(paddle.gather(hidden, rows), paddle.gather(residual, rows), self.norm,
-                                       self.config.rms_norm_eps)
-        logits = self.lm_head(hidden)
-        return logits if self.lm_head_bias is None else logits + self.lm_head_bias
+    def forward(self, input_ids: Optional[paddle.Tensor], positions: paddle.Tensor, forward_meta: ForwardMeta,
+                inputs_embeds: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """Final hidden states [num_tokens, hidden] (after the last norm); writes this step's K/V into
+        forward_meta.caches. See models/__init__.py for the arguments."""
+        return self.model(input_ids, positions, forward_meta, inputs_embeds)
+
+    def embed_input_ids(self, input_ids: paddle.Tensor) -> paddle.Tensor:
+        """input_ids [num_tokens] int64 -> embeddings [num_tokens, hidden] float32."""
+        return self.model.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:
+        """hidden [m, hidden] (rows of forward's output) -> logits [m, vocab] float32 (lm_head + bias)."""
+        return self.lm_head(hidden)
 
     # ---- weight loading -------------------------------------------------------------------
-    def transform_weight(self, name: str, array: np.ndarray) -> np.ndarray:
+    def transform_weight(self, name: str, array):
         """A checkpoint tensor as this model stores it (identity by default)."""
         return array
 
-    def _targets(self, name: str):
-        """(tensor, column range or None, transpose?) for a Hugging Face parameter name, or None."""
-        top = {"model.embed_tokens.weight": (self.embed_tokens, None, False),
-               "model.norm.weight": (self.norm, None, False),
-               "lm_head.weight": (self.lm_head, None, True)}
-        if self.lm_head_bias is not None:
-            top["lm_head.bias"] = (self.lm_head_bias, None, False)
-        if name in top:
-            return top[name]
-        parts = name.split(".")
-        if parts[:2] != ["model", "layers"] or len(parts) < 5 or not parts[2].isdigit():
-            return None
-        index = int(parts[2])
-        if index >= len(self.layers):
-            return None
-        spec = self.layers[index].hf_weight_table().get(".".join(parts[3:]))
-        if spec is None:
-            return None
-        weights, key, cols, transpose = spec
-        return weights[key], cols, transpose
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+        """Fill every parameter from (checkpoint name, float32 array or QuantizedTensor in HF [out, in]
+        layout) pairs, one at a time, through each parameter's weight_loader(param, tensor, shard_id).
 
-    def load_weights(self, weights) -> None:
-        """Copy (HF name, float32 array or QuantizedTensor [out, in]) pairs into the model, one at a time.
-
-        Raises ValueError naming the tensor for an unknown name, a wrong shape, or a missing tensor.
+        A tied lm_head is filled from the embedding. Raises ValueError naming the tensor for an unknown
+        name, a wrong shape, or (at the end) the checkpoint tensors that never came.
         """
+        params = dict(self.named_parameters())
         loaded = set()
-        for name, array in weights:
+        for name, tensor in weights:
             if name.endswith(self.IGNORED_WEIGHTS):
                 continue
-            target = self._targets(name)
-            if target is None:
+            param_name, shard = parameter_of(name)
+            if param_name not in params:
                 raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
-            tensor, cols, transpose = target
-            if isinstance(tensor, LinearWeight):
-                self._load_linear(name, tensor, cols, array)
-                loaded.add(name)
-                continue
-            original = array
-            if isinstance(array, QuantizedTensor):
-                array = array.dequantize()
-            view = np.from_dlpack(tensor)  # shares memory with the Paddle tensor
-            if cols is not None:
-                view = view[..., cols[0] : cols[1]]
-            expected = view.T.shape if transpose else view.shape
-            if tuple(array.shape) != tuple(expected):
-                raise ValueError(f"checkpoint tensor {name!r} has shape {list(array.shape)}, expected {list(expected)}")
-            source = self.transform_weight(name, array)
-            if transpose:
-                copy_transposed(view, source)
-            else:
-                view[...] = source
+            self._load(name, params[param_name], tensor, shard)
             loaded.add(name)
             if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
-                self._load_linear("lm_head.weight", self.lm_head, None, original)
+                self._load("lm_head.weight", params["lm_head.weight"], tensor, None)
                 loaded.add("lm_head.weight")
         missing = sorted(set(self.expected_weight_names()) - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensor(s) of the model, e.g. {missing[:5]}")
 
-    def _load_linear(self, name: str, weight: LinearWeight, cols, array) -> None:
+    def _load(self, name: str, param: paddle.Tensor, tensor, shard) -> None:
         try:
-            weight.load(cols, self.transform_weight(name, array))
+            param.weight_loader(param, self.transform_weight(name, tensor), shard)
         except ValueError as e:
             raise ValueError(f"checkpoint tensor {name!r} {e}") from None
 
     def expected_weight_names(self) -> list[str]:
-        names = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
-        if self.lm_head_bias is not None:
-            names.append("lm_head.bias")
-        for i, layer in enumerate(self.layers):
-            names += [f"model.layers.{i}.{key}" for key in layer.hf_weight_table()]
-        return names
-
+        """Every checkpoint tensor the model needs (HF names), in parameter order."""
+        return [ckpt for name, _ in self.named_parameters() for ckpt in checkpoint_names_of(name)]
 
 
 def with_flags(config: ModelConfig, **flags) -> ModelConfig:
     return dataclasses.replace(config, **flags)
-
-
-def layer_runs(layers: list) -> list[tuple[int, int, bool]]:
-    """Maximal runs [start, end) of consecutive layers with the same `fusable`, in order."""
-    runs = []
-    for i, layer in enumerate(layers):
-        if runs and runs[-1][2] == layer.fusable:
-            runs[-1] = (runs[-1][0], i + 1, layer.fusable)
-        else:
-            runs.append((i, i + 1, layer.fusable))
-    return runs

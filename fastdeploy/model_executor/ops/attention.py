@@ -41,7 +41,6 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
                   num_heads, scale)
     backend = PaddleAttentionBackend(num_heads, kv_heads, head_dim, block_size, scale)
     cu = cu_seqlens_q.numpy()
-    meta = ForwardMeta(input_ids=None, positions=None, seq_lens_this_time=np.diff(cu),
-                       seq_lens_decoder=seq_lens_decoder.numpy(), cu_seqlens_q=cu,
-                       block_tables=block_tables.numpy(), slot_mapping=slot_mapping.numpy(), logits_indices=None)
-    return backend.paddle_forward(qkv, KVCache.of(key_cache, value_cache), backend.paddle_metadata(meta))
+    meta = ForwardMeta(seq_lens_this_time=np.diff(cu), seq_lens_decoder=seq_lens_decoder.numpy(), cu_seqlens_q=cu,
+                       block_tables=block_tables.numpy(), slot_mapping=slot_mapping.numpy(), caches=[])
+    return backend.forward(qkv, KVCache.of(key_cache, value_cache), backend.init_attention_metadata(meta))
