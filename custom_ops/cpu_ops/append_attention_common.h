@@ -1,0 +1,126 @@
+// What append_attention's files share (append_attention.cc: the op; append_attention_decode.cc and
+// append_attention_prefill.cc: the two kinds of work item): the tuning constants, the geometry and
+// pointers of one call, a work item and per-thread scratch, row addressing into qkv and the paged
+// caches, and the register-blocked P.V product both item kinds end with.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "append_attention_vec.h"
+
+namespace fd_attention {
+
+constexpr int64_t kTileRows = 64;    // query rows (query tokens x group heads) per prefill tile
+constexpr float kMasked = -1e30f;    // finite: a running max that starts here minus itself is 0, not inf - inf
+constexpr float kExpFloor = -80.f;   // exp arguments are clamped here: exp(-80) ~ 2e-35 adds nothing,
+                                     // and lower ones leave the vector exp's fast path
+constexpr int64_t kParallelFmas = 1 << 20;  // below this many multiply-adds per call: one thread
+constexpr int64_t kPrefetchRows = 32;       // decode: K/V rows read ahead by software prefetch (the
+                                            // hardware prefetcher stops at each 4 KB page; a decode
+                                            // batch's cache is read once per step, from memory)
+
+// Hint that the `rows` rows of `dim` floats at p will be read soon (one prefetch per cache line).
+inline void PrefetchRows(const float* p, int64_t rows, int64_t dim) {
+#ifdef __AVX512F__
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < rows * dim * 4; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+#endif
+}
+
+struct Geometry {
+  int64_t num_heads, kv_heads, head_dim, group, block_size, max_blocks, qkv_width;
+  float scale;
+};
+
+struct Inputs {
+  const float* qkv;
+  float* key_cache;
+  float* value_cache;
+  const int64_t* cu_seqlens;
+  const int64_t* history;  // seq_lens_decoder
+  const int64_t* block_tables;
+  float* out;
+};
+
+// Per-thread buffers, reused across items and calls.
+struct Scratch {
+  std::vector<float> floats;
+  std::vector<int32_t> offsets;
+};
+
+// One work item: query tokens first .. first + count - 1 of `request` against KV head `kv_head`.
+struct Item {
+  int64_t request, kv_head, first, count;
+  int64_t fmas;  // multiply-adds of both products, for scheduling
+};
+
+inline const float* QueryRow(const Inputs& in, const Geometry& g, int64_t token, int64_t head) {
+  return in.qkv + token * g.qkv_width + head * g.head_dim;
+}
+
+// K (or V) rows of cache block `block`, KV head `kv_head`: [block_size, head_dim].
+inline float* BlockRows(float* cache, const Geometry& g, int64_t block, int64_t kv_head) {
+  return cache + (block * g.kv_heads + kv_head) * g.block_size * g.head_dim;
+}
+
+// o[r] += sum_k p[k * key_stride + r * row_stride] * v[k], rows r0 .. r0 + NR - 1, columns d0 .. d0 + 16 NV.
+// o: [rows, head_dim]; v: [keys, head_dim].
+template <int NR, int NV>
+void AccumulateTile(const float* p, int64_t key_stride, int64_t row_stride, const float* v, int64_t keys,
+                    int64_t head_dim, float* o) {
+  Vec acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = Load(o + r * head_dim + j * kLanes);
+  for (int64_t k = 0; k < keys; ++k, v += head_dim, p += key_stride) {
+    Vec vk[NV];
+    for (int j = 0; j < NV; ++j) vk[j] = Load(v + j * kLanes);
+    for (int r = 0; r < NR; ++r) {
+      const Vec pr = Splat(p[r * row_stride]);
+      for (int j = 0; j < NV; ++j) acc[r][j] = Fma(pr, vk[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NV; ++j) Store(o + r * head_dim + j * kLanes, acc[r][j]);
+}
+
+template <int NR>
+void AccumulateRows(const float* p, int64_t key_stride, int64_t row_stride, const float* v, int64_t keys,
+                    int64_t head_dim, float* o) {
+  for (int64_t d = 0; d < head_dim; d += 4 * kLanes) {
+    switch (std::min<int64_t>(4, (head_dim - d) / kLanes)) {
+      case 4: AccumulateTile<NR, 4>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
+      case 3: AccumulateTile<NR, 3>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
+      case 2: AccumulateTile<NR, 2>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
+      default: AccumulateTile<NR, 1>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
+    }
+  }
+}
+
+// o[r] += sum_k p(k, r) * v[k] for rows 0 .. rows - 1: the P.V product of one key block.
+inline void AccumulateValues(const float* p, int64_t key_stride, int64_t row_stride, int64_t rows, const float* v,
+                             int64_t keys, int64_t head_dim, float* o) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    AccumulateRows<4>(p + r * row_stride, key_stride, row_stride, v, keys, head_dim, o + r * head_dim);
+  const float* pr = p + r * row_stride;
+  float* orow = o + r * head_dim;
+  switch (rows - r) {
+    case 3: AccumulateRows<3>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
+    case 2: AccumulateRows<2>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
+    case 1: AccumulateRows<1>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
+    default: break;
+  }
+}
+
+// append_attention_decode.cc: one query token of a request, the `group` heads of one KV head.
+void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& scratch);
+
+// append_attention_prefill.cc: a tile of a request's query tokens (x group heads) against one KV head.
+void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& scratch);
+
+}  // namespace fd_attention

@@ -1,0 +1,102 @@
+// The weight layout gguf_linear reads and gguf_interleave_rows writes (gguf_linear.cc's header
+// describes it): ggml's type ids, the bytes of a block and of a group's block column, the address of
+// one row's block, and its dequantization to float32 (AVX-512: in registers; gguf_linear.cc holds the
+// portable path). Shared by gguf_interleave.cc and gguf_linear.cc with its kernel headers.
+// In an unnamed namespace, as when this code lived in gguf_linear.cc: internal to each file that
+// includes it, so the compiler inlines it as before and the module exports none of it.
+#pragma once
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+#include "paddle/extension.h"
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kGroup = 4;                 // rows interleaved per group
+constexpr int64_t kTileRows = 16;             // W rows dequantized per tile (4 <= M < 16), a multiple of kGroup
+constexpr int64_t kParallelWork = 1 << 18;    // multiply-adds below which one thread is faster
+constexpr int64_t kWideM = 16;                // rows of x from which the broadcast kernel is used
+constexpr int64_t kPrefetchBytes = 3072;      // software prefetch distance in the weight stream (M < 4)
+
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type ids
+
+constexpr int64_t kScaleRun = 4 * kGroup;    // bytes of one float32 scale per row of a group
+
+// Bytes of one group's block column: scales (float32) then quants, for 4 rows.
+struct Format {
+  int64_t gguf_bytes, scale_bytes, quant_bytes, group_bytes;
+};
+
+inline Format FormatOf(int64_t qtype) {
+  switch (qtype) {
+    case kQ4_0: return {18, kScaleRun, 16, kScaleRun + kGroup * 16};
+    case kQ4_1: return {20, 2 * kScaleRun, 16, 2 * kScaleRun + kGroup * 16};
+    case kQ8_0: return {34, kScaleRun, 32, kScaleRun + kGroup * 32};
+    default: return {0, 0, 0, 0};
+  }
+}
+
+// Block b of row n in the interleaved layout: its quants, scale d and minimum m (0 unless Q4_1).
+struct BlockRef {
+  const uint8_t* q;
+  float d, m;
+};
+
+inline BlockRef Ref(const uint8_t* w, int64_t qtype, const Format& f, int64_t blocks, int64_t n, int64_t b) {
+  const uint8_t* g = w + ((n / kGroup) * blocks + b) * f.group_bytes;
+  const int64_t r = n % kGroup;
+  BlockRef ref{g + f.scale_bytes + r * f.quant_bytes, 0.f, 0.f};
+  std::memcpy(&ref.d, g + 4 * r, 4);
+  if (qtype == kQ4_1) std::memcpy(&ref.m, g + kScaleRun + 4 * r, 4);
+  return ref;
+}
+
+#ifdef __AVX512F__
+constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+// One block -> (w[0:16], w[16:32]). The *_round_ps forms keep product and sum separately rounded.
+template <int64_t QT>
+inline void DequantBlock(const uint8_t* q, float d, float m, __m512& w0, __m512& w1) {
+  const __m512 dv = _mm512_set1_ps(d);
+  if (QT == kQ8_0) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    w0 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v))), dv, kRound);
+    w1 = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1))), dv, kRound);
+    return;
+  }
+  // 4-bit types: the block's 16 possible weights in one register, rounded as gguf-py rounds them, then
+  // looked up per nibble (vpermps reads the low 4 bits of each index, so no masking is needed).
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m512i lo = _mm512_cvtepu8_epi32(v), hi = _mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4));
+  const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 table = QT == kQ4_1 ? _mm512_add_round_ps(_mm512_mul_round_ps(codes, dv, kRound), _mm512_set1_ps(m), kRound)
+                                   : _mm512_mul_round_ps(_mm512_sub_ps(codes, _mm512_set1_ps(8.f)), dv, kRound);
+  w0 = _mm512_permutexvar_ps(lo, table);
+  w1 = _mm512_permutexvar_ps(hi, table);
+}
+
+// Blocks b0 .. b0 + count of row n -> w[count * 32]
+template <int64_t QT>
+void DequantRow(const uint8_t* wq, const Format& f, int64_t blocks, int64_t n, int64_t b0, int64_t count, float* w) {
+  for (int64_t b = 0; b < count; ++b) {
+    const BlockRef ref = Ref(wq, QT, f, blocks, n, b0 + b);
+    __m512 w0, w1;
+    DequantBlock<QT>(ref.q, ref.d, ref.m, w0, w1);
+    _mm512_storeu_ps(w + b * kBlock, w0);
+    _mm512_storeu_ps(w + b * kBlock + 16, w1);
+  }
+}
+#endif
+
+inline void CheckWeight(const paddle::Tensor& weight, int64_t qtype, const Format& f, const char* op) {
+  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8, op, ": weight must be uint8 on CPU");
+  PD_CHECK(f.group_bytes > 0, op, ": unsupported GGUF type id ", qtype, " (supported: 2 Q4_0, 3 Q4_1, 8 Q8_0)");
+  PD_CHECK(weight.shape().size() == 2, op, ": weight must be 2-D");
+}
+
+}  // namespace
