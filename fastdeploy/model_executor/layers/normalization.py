@@ -10,12 +10,7 @@ import paddle
 
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.ops import compiled_op
-from fastdeploy.model_executor.ops.normalization import _paddle_rms_norm
-
-
-def _paddle_fused_add_rms_norm(x, residual, weight, eps):
-    new_residual = x + residual
-    return _paddle_rms_norm(new_residual, weight, eps), new_residual
+from fastdeploy.model_executor.ops.normalization import paddle_fused_add_rms_norm, paddle_rms_norm
 
 
 class RMSNorm(paddle.nn.Layer):
@@ -25,8 +20,8 @@ class RMSNorm(paddle.nn.Layer):
         super().__init__()
         self.eps = eps
         self.weight = empty_parameter([size])
-        self._norm = compiled_op("fd_rms_norm") or _paddle_rms_norm
-        self._add_norm = compiled_op("fd_fused_add_rms_norm") or _paddle_fused_add_rms_norm
+        self._norm = compiled_op("fd_rms_norm") or paddle_rms_norm
+        self._add_norm = compiled_op("fd_fused_add_rms_norm") or paddle_fused_add_rms_norm
 
     def forward(self, x: paddle.Tensor, residual: Optional[paddle.Tensor] = None):
         """x: [..., size]. Without residual: the normalised x. With residual (shaped like x): the pair

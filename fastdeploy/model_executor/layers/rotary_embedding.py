@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.ops import compiled_op
-from fastdeploy.model_executor.ops.rotary_embedding import _paddle_rotary_embedding_
+from fastdeploy.model_executor.ops.rotary_embedding import paddle_rotary_embedding_
 
 
 def _llama3_inv_freq(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
@@ -62,5 +62,5 @@ class RotaryEmbedding:
         if self._op is not None:
             self._op(qkv, positions, self.cos, self.sin_signed, num_heads, num_kv_heads, self.head_dim)
         else:
-            _paddle_rotary_embedding_(qkv, positions, self.cos, self.sin_signed, num_heads + num_kv_heads,
+            paddle_rotary_embedding_(qkv, positions, self.cos, self.sin_signed, num_heads + num_kv_heads,
                                       self.head_dim)

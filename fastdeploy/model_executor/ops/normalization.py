@@ -16,7 +16,7 @@ def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tens
     eps: added to the mean square before the square root.
     """
     op = compiled_op("fd_rms_norm")
-    return op(x, weight, eps) if op is not None else _paddle_rms_norm(x, weight, eps)
+    return op(x, weight, eps) if op is not None else paddle_rms_norm(x, weight, eps)
 
 
 def fused_add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tensor,
@@ -30,11 +30,17 @@ def fused_add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle
     if op is not None:
         out, new_residual = op(x, residual, weight, eps)
         return out, new_residual
-    new_residual = x + residual
-    return _paddle_rms_norm(new_residual, weight, eps), new_residual
+    return paddle_fused_add_rms_norm(x, residual, weight, eps)
 
 
-def _paddle_rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
-    # x: [..., hidden]; weight: [hidden]
+def paddle_rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """The pure-Paddle reference of `rms_norm` (same arguments); x: [..., hidden], weight: [hidden]."""
     variance = (x * x).mean(axis=-1, keepdim=True)  # x.pow(2) is ~60x slower on Paddle's CPU kernels
     return x * paddle.rsqrt(variance + eps) * weight
+
+
+def paddle_fused_add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tensor,
+                              eps: float) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The pure-Paddle reference of `fused_add_rms_norm` (same arguments and results)."""
+    new_residual = x + residual
+    return paddle_rms_norm(new_residual, weight, eps), new_residual

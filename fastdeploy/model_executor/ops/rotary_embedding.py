@@ -31,11 +31,13 @@ def rotary_embedding_(qkv: paddle.Tensor, positions: paddle.Tensor, cos: paddle.
     if op is not None:
         op(qkv, positions, cos, sin_signed, num_heads, num_kv_heads, head_dim)
     else:
-        _paddle_rotary_embedding_(qkv, positions, cos, sin_signed, num_heads + num_kv_heads, head_dim)
+        paddle_rotary_embedding_(qkv, positions, cos, sin_signed, num_heads + num_kv_heads, head_dim)
     return qkv
 
 
-def _paddle_rotary_embedding_(qkv, positions, cos, sin_signed, rotated: int, head_dim: int) -> None:
+def paddle_rotary_embedding_(qkv, positions, cos, sin_signed, rotated: int, head_dim: int) -> None:
+    """The pure-Paddle reference of the compiled op: the first `rotated` heads of qkv
+    [n, heads * head_dim] rotated in place by the cos/sin rows of `positions` [n]."""
     n = qkv.shape[0]
     heads = qkv.reshape([n, -1, head_dim])  # a view: writing into it writes into qkv
     x = heads[:, :rotated]  # [n, rotated, head_dim]
