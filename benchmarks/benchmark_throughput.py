@@ -323,6 +323,7 @@ def main():
     args.threads = len(os.sched_getaffinity(0))
     if args.child:
         return child(args)
+    from fastdeploy.input.tokenizer import load_tokenizer
     from fastdeploy.model_executor.model_loader import open_model
     from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
@@ -337,7 +338,7 @@ def main():
     check_installed(names, args)
     source = open_model(args.model)[1]
     args.matmul_params = matmul_params(SimpleNamespace(**{"num_key_value_heads": None, **source.hf_config}))
-    prompts = build_prompts(source.tokenizer, args.num_prompts)
+    prompts = build_prompts(load_tokenizer(source), args.num_prompts)
     if "vllm" in names:
         args.vllm_model = (engines_optional.gguf_to_hf_dir(args.model, args.scratch) if Path(args.model).is_file()
                            else args.model)

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Optional
 
 from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
-from fastdeploy.engine.request import Request, RequestMetrics, RequestOutput
+from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.executor import Executor, InProcessExecutor
 from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt
-from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.output_processor import OutputProcessor
-from fastdeploy.output.request_state import GroupState, RequestState
 from fastdeploy.platforms.cpu import set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
 
@@ -56,18 +53,17 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        from fastdeploy.input.tokenizer import load_tokenizer
         from fastdeploy.model_executor.model_loader import open_model
-        from fastdeploy.model_executor.model_loader.hf_loader import load_hf_tokenizer
 
         threads = set_paddle_threads()
         start = time.perf_counter()
         path, source = open_model(args.model)
-        if args.tokenizer is not None:
-            source.tokenizer = load_hf_tokenizer(Path(args.tokenizer))
+        tokenizer = load_tokenizer(source, args.tokenizer)
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
         executor = InProcessExecutor(config, source.weights(), source.quant_config)
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
-        return cls(config, source.tokenizer, executor)
+        return cls(config, tokenizer, executor)
 
     @property
     def eos_token_ids(self) -> frozenset:
@@ -83,29 +79,16 @@ class LLMEngine:
         """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id."""
         group_id = str(self._next_id)
         self._next_id += 1
-        params, arrival = prepared.sampling_params, time.time()
-        requests, states = [], []
-        for i in range(params.n):
-            request_id = group_id if params.n == 1 else f"{group_id}-{i}"
-            requests.append(Request(
+        params = prepared.sampling_params
+        request_ids = [group_id] if params.n == 1 else [f"{group_id}-{i}" for i in range(params.n)]
+        self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids)
+        for i, request_id in enumerate(request_ids):
+            self.scheduler.add_request(Request(
                 request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=params,
                 positions=prepared.positions, eos_token_ids=self.eos_token_ids, index=i,
                 bad_words_token_ids=prepared.bad_words_token_ids,
                 wants_prompt_logprobs=params.prompt_logprobs is not None and i == 0,  # the n share the prompt
             ))
-            states.append(RequestState(
-                request_id=request_id, group_id=group_id, index=i, sampling_params=params,
-                eos_token_ids=self.eos_token_ids,
-                detokenizer=IncrementalDetokenizer(self.tokenizer, prepared.prompt_token_ids,
-                                                   params.skip_special_tokens),
-                metrics=RequestMetrics(arrival_time=arrival),
-                logprobs=[] if params.logprobs is not None else None,
-            ))
-        prompt_logprobs = [None] * len(prepared.prompt_token_ids) if params.prompt_logprobs is not None else None
-        self.output_processor.add_group(GroupState(group_id, prepared.prompt, prepared.prompt_token_ids, states,
-                                                   prompt_logprobs))
-        for request in requests:
-            self.scheduler.add_request(request)
         return group_id
 
     def add_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams) -> str:

@@ -15,11 +15,12 @@ Only ``tokenizers`` and ``transformers.PreTrainedTokenizerFast`` are used, so th
 torch (``transformers.integrations.gguf`` does).
 """
 
-from typing import Any
 
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
+
+from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
@@ -68,26 +69,6 @@ _PRE_TOKENIZERS = {
 # (``ignore_merges``) and, when the file does not say, add BOS (llama.cpp's defaults).
 _LLAMA3 = frozenset({"llama-bpe"})
 _SUPPORTED_MODELS = ("gpt2",)
-
-
-def gguf_metadata_value(reader: "gguf.GGUFReader", key: str, default: Any = None) -> Any:
-    """The value of metadata field ``key`` as a Python object, or ``default`` if absent.
-
-    Strings (stored as uint8 arrays) become ``str``, numbers ``int``/``float``, booleans ``bool``,
-    arrays a flat ``list`` of those.
-    """
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    kind = field.types[0]
-    if kind == gguf.GGUFValueType.ARRAY:
-        # An empty array records no element type, so ``types[-1]`` is then ARRAY itself.
-        if field.types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        return [value for i in field.data for value in field.parts[i].tolist()]
-    if kind == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    return field.parts[field.data[0]].tolist()[0]
 
 
 def _bos_eos_processor(backend: Tokenizer, bos: str | None, eos: str | None):

@@ -16,7 +16,7 @@ import numpy as np
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.model_executor.layers.sample.bad_words import bad_words_token_ids
+from fastdeploy.input.bad_words import bad_words_token_ids
 
 
 @dataclass

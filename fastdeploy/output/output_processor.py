@@ -14,6 +14,7 @@ import time
 from typing import Optional
 
 from fastdeploy.engine.request import CompletionOutput, CompletionOutputs, RequestMetrics, RequestOutput
+from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.request_state import GroupState, RequestState
 from fastdeploy.output.stop_checker import append_token
@@ -30,9 +31,23 @@ class OutputProcessor:
         self.groups: dict[str, GroupState] = {}
         self.states: dict[str, RequestState] = {}  # unfinished completions by request id
 
-    def add_group(self, group: GroupState) -> None:
-        self.groups[group.request_id] = group
-        for state in group.completions:
+    def add_prompt(self, group_id: str, request_ids: list[str], prepared, eos_token_ids: frozenset) -> None:
+        """Track a queued prompt (an input/ PreparedPrompt) as its completions `request_ids` (n of them)."""
+        params, arrival = prepared.sampling_params, time.time()
+        completions = [
+            RequestState(
+                request_id=request_id, group_id=group_id, index=i, sampling_params=params,
+                eos_token_ids=eos_token_ids,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, prepared.prompt_token_ids, params.skip_special_tokens),
+                metrics=RequestMetrics(arrival_time=arrival),
+                logprobs=[] if params.logprobs is not None else None,
+            )
+            for i, request_id in enumerate(request_ids)
+        ]
+        prompt_logprobs = [None] * len(prepared.prompt_token_ids) if params.prompt_logprobs is not None else None
+        self.groups[group_id] = GroupState(group_id, prepared.prompt, prepared.prompt_token_ids, completions,
+                                           prompt_logprobs)
+        for state in completions:
             self.states[state.request_id] = state
 
     def has_unfinished(self) -> bool:

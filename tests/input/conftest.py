@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
+from fastdeploy.input.tokenizer_loader import load_model_tokenizer
 
 from tokenizer_dirs import train_sentencepiece, write_ernie_tokenizer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
+from fastdeploy.input.tokenizer_loader import load_model_tokenizer
 
 from tokenizer_dirs import CORPUS, MESSAGES, TEXTS
 

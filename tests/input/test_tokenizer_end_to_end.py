@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
+from fastdeploy.input.tokenizer_loader import load_model_tokenizer
 
 from tokenizer_dirs import ERNIE_PROMPT, MESSAGES, write_ernie_tokenizer
 
@@ -31,15 +31,13 @@ def tiny_ernie_dir(ernie_spm, sp, tmp_path_factory) -> Path:
 
 def test_tiny_ernie_loads_and_chats_through_llm(tiny_ernie_dir, sp):
     from fastdeploy import LLM, SamplingParams
-    from fastdeploy.model_executor.model_loader import hf_loader
 
     ours = load_model_tokenizer(tiny_ernie_dir)
     assert len(ours) == sp.vocab_size()
-    # The engine's loader must already read this directory (it does, before wiring load_model_tokenizer in).
-    engine_side = hf_loader.load_hf_tokenizer(tiny_ernie_dir)
-    assert engine_side.eos_token_id == ours.eos_token_id == 2
-
     llm = LLM(model=str(tiny_ernie_dir), max_model_len=256, num_gpu_blocks_override=16)
+    engine_side = llm.get_tokenizer()  # what the engine loaded from the directory itself
+    assert engine_side.eos_token_id == ours.eos_token_id == 2
+    assert len(engine_side) == len(ours)
     outputs = llm.chat(MESSAGES, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                        use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
     out = outputs[0]
@@ -52,7 +50,8 @@ def test_tiny_ernie_loads_and_chats_through_llm(tiny_ernie_dir, sp):
 
 
 def test_engine_tokenizer_keeps_user_defined_pieces(tiny_ernie_dir, sp):
-    from fastdeploy.model_executor.model_loader import hf_loader
+    from fastdeploy.input.tokenizer import load_tokenizer
+    from fastdeploy.model_executor.model_loader import open_model
 
-    engine_side = hf_loader.load_hf_tokenizer(tiny_ernie_dir)
+    engine_side = load_tokenizer(open_model(str(tiny_ernie_dir))[1])  # the engine's own path to it
     assert engine_side.encode("a<mask:2>b<|im_start|>", add_special_tokens=False) == sp.encode("a<mask:2>b<|im_start|>")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
+from fastdeploy.input.tokenizer_loader import load_model_tokenizer
 
 from tokenizer_dirs import ERNIE_PROMPT, MESSAGES, TEXTS, train_sentencepiece, write_ernie_tokenizer
 
@@ -37,7 +37,7 @@ def test_other_sentencepiece_file_name_and_no_config_json(ernie_spm, sp, tmp_pat
     config = json.loads((path / "tokenizer_config.json").read_text())
     del config["tokenizer_class"], config["auto_map"]
     (path / "tokenizer_config.json").write_text(json.dumps(config))
-    with caplog.at_level("INFO", logger="fastdeploy.model_executor.model_loader.tokenizer_loader"):
+    with caplog.at_level("INFO", logger="fastdeploy.input.tokenizer_loader"):
         tok = load_model_tokenizer(path)
     assert "AutoTokenizer could not load" in caplog.text
     assert tok.encode(TEXTS[3], add_special_tokens=False) == sp.encode(TEXTS[3])
@@ -50,7 +50,7 @@ def test_tokenizer_json_with_remote_code_and_unknown_model_type(ernie_tok, ernie
     path = write_ernie_tokenizer(tmp_path / "vl", ernie_spm, "jinja", config_json=False)
     (path / "config.json").write_text(json.dumps({"model_type": "ernie4_5_moe_vl"}))
     ernie_tok.backend_tokenizer.save(str(path / "tokenizer.json"))
-    with caplog.at_level("INFO", logger="fastdeploy.model_executor.model_loader.tokenizer_loader"):
+    with caplog.at_level("INFO", logger="fastdeploy.input.tokenizer_loader"):
         tok = load_model_tokenizer(path)
     assert "reading its tokenizer.json" in caplog.text
     for text in TEXTS + ["a<mask:2>b<|end_of_sentence|>"]:

@@ -1,10 +1,11 @@
-"""Bad words (layers/sample/bad_words.py): the token sequences of each word (as given and with a
+"""Bad words (input/bad_words.py, layers/sample/bad_words.py): the token sequences of each word (as given and with a
 leading space), the tokens banned at each step (vLLM's rule: the last token of a word whose prefix
 ends the output), with a fake and with the real tokenizer, and generate() never emitting one.
 """
 import fastdeploy  # noqa: F401  (before paddle)
 import pytest
 
+from fastdeploy.input.bad_words import bad_words_token_ids
 from fastdeploy.model_executor.layers.sample import bad_words
 
 
@@ -18,15 +19,15 @@ class FakeTokenizer:
 
 
 def test_bad_words_token_ids_tokenizes_each_word_as_given_and_with_a_leading_space():
-    seqs = bad_words.bad_words_token_ids(FakeTokenizer(), ["foo", "  foo bar", "a b c", "huge", "odd"], [8, 5], 500)
+    seqs = bad_words_token_ids(FakeTokenizer(), ["foo", "  foo bar", "a b c", "huge", "odd"], [8, 5], 500)
     # "  foo bar": as given, and with exactly one leading space (" foo bar"); "odd" as given is empty
     assert set(seqs) == {(5,), (6,), (3, 6, 7), (6, 7), (1, 2, 3), (9, 2, 3), (4,), (8,)}
     assert seqs == sorted(set(seqs))  # no duplicates ((5,) from both "foo" and extra id 5)
 
 
 def test_bad_words_token_ids_drops_words_outside_the_vocabulary():
-    assert bad_words.bad_words_token_ids(FakeTokenizer(), ["huge"], [], 500) == []
-    assert bad_words.bad_words_token_ids(FakeTokenizer(), ["huge"], [], 902) == [(900,), (901,)]
+    assert bad_words_token_ids(FakeTokenizer(), ["huge"], [], 500) == []
+    assert bad_words_token_ids(FakeTokenizer(), ["huge"], [], 902) == [(900,), (901,)]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +52,7 @@ def test_bad_words_with_the_real_tokenizer(smollm_llm):
     tokenizer = smollm_llm.get_tokenizer()
     vocab = smollm_llm.llm_engine.config.model_config.vocab_size
     words = ["Paris", "New York", "ineffable"]
-    seqs = bad_words.bad_words_token_ids(tokenizer, words, [], vocab)
+    seqs = bad_words_token_ids(tokenizer, words, [], vocab)
     expected = {tuple(tokenizer.encode(v, add_special_tokens=False)) for w in words for v in (w, " " + w)}
     assert set(seqs) == expected
     assert any(len(s) > 1 for s in seqs)
@@ -70,7 +71,7 @@ def test_generate_never_emits_a_bad_word(smollm_llm):
     tokenizer = smollm_llm.get_tokenizer()
     plain = smollm_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0]
     assert "Paris" in plain.outputs.text  # the word the ban must remove
-    seqs = bad_words.bad_words_token_ids(tokenizer, ["Paris"], [], len(tokenizer))
+    seqs = bad_words_token_ids(tokenizer, ["Paris"], [], len(tokenizer))
     banned = smollm_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6, bad_words=["Paris"]),
                                  use_tqdm=False)[0]
     ids = banned.outputs.token_ids

@@ -56,7 +56,7 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def gguf_hf_config(reader, arch: str) -> dict:
-    from fastdeploy.input.gguf_tokenizer import gguf_metadata_value as meta
+    from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value as meta
 
     heads = meta(reader, f"{arch}.attention.head_count")
     hidden = meta(reader, f"{arch}.embedding_length")
@@ -110,7 +110,7 @@ def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, object]]:
 def open_gguf(path: Path) -> ModelSource:
     import gguf
 
-    from fastdeploy.input.gguf_tokenizer import gguf_metadata_value, load_gguf_tokenizer
+    from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value
 
     reader = gguf.GGUFReader(str(path))
     arch = gguf_metadata_value(reader, "general.architecture")
@@ -122,7 +122,8 @@ def open_gguf(path: Path) -> ModelSource:
     return ModelSource(
         hf_config=hf_config,
         generation_config={},
-        tokenizer=load_gguf_tokenizer(reader),
+        path=path,
+        gguf_reader=reader,
         weights=lambda: iter_gguf_tensors(reader, hf_config),
         quant_config=gguf_quant_config(reader),
     )

@@ -56,16 +56,6 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, np.ndarray]]:
                 yield name, np.from_dlpack(tensor)  # a view: no second copy of the tensor
 
 
-def load_hf_tokenizer(model_dir: Path):
-    """The directory's tokenizer via transformers (tokenizer layer only), chat template included.
-
-    See tokenizer_loader for how sentencepiece-only and remote-code tokenizers (ERNIE) are read.
-    """
-    from fastdeploy.model_executor.model_loader.tokenizer_loader import load_model_tokenizer
-
-    return load_model_tokenizer(model_dir)
-
-
 def open_hf_dir(model_dir: Path) -> ModelSource:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -85,6 +75,6 @@ def open_hf_dir(model_dir: Path) -> ModelSource:
     return ModelSource(
         hf_config=hf_config,
         generation_config=generation_config,
-        tokenizer=load_hf_tokenizer(model_dir),
+        path=model_dir,
         weights=weights,
     )

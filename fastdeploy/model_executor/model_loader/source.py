@@ -1,5 +1,6 @@
-"""What a model loader hands the engine: config, tokenizer and a stream of weights (HF names)."""
+"""What a model loader hands the engine: config, a stream of weights (HF names), and where the tokenizer is."""
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 
@@ -10,16 +11,18 @@ class ModelSource:
     Attributes:
         hf_config: config.json as a dict (for GGUF: built from the metadata).
         generation_config: generation_config.json as a dict ({} when absent).
-        tokenizer: a transformers tokenizer with its chat template (None if it has none).
+        path: the model directory or .gguf file (input/tokenizer.py reads the tokenizer from it).
         weights: yields (Hugging Face parameter name, float32 numpy array in HF layout [out, in], or a
             GGUF `QuantizedTensor` of that shape) one tensor at a time, so loading never holds two
             copies of the model.
         quant_config: how the tensors are stored, for the model's build (layers/linear.py QuantConfig;
             a GGUFConfig from the GGUF header), or None for float checkpoints.
+        gguf_reader: the open GGUF file (its metadata also holds the tokenizer), None for directories.
     """
 
     hf_config: dict
     generation_config: dict
-    tokenizer: Any
+    path: Path
     weights: Callable[[], Iterator[tuple[str, Any]]]
     quant_config: Optional[Any] = None
+    gguf_reader: Optional[Any] = None
