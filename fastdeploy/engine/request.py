@@ -142,8 +142,31 @@ class RequestOutput:
     error_msg: Optional[str] = None
 
 
+class TokenSequence:
+    """Prompt + generated tokens of one sequence (a mixin of `Request` and the runner's request state,
+    which both have `prompt_token_ids` and `output_token_ids`)."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without copying the whole sequence at decode."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+
 @dataclass(eq=False)  # identity: requests are compared and hashed as objects
-class Request:
+class Request(TokenSequence):
     """Engine-side state of one completion (one of the `n` of a prompt), as the scheduler sees it.
 
     Its tokens are prompt + generated tokens; the first `num_computed_tokens` are in the KV cache.
@@ -172,21 +195,6 @@ class Request:
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def token_ids_between(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without copying the whole sequence at decode."""
-        num_prompt = len(self.prompt_token_ids)
-        if start >= num_prompt:
-            return self.output_token_ids[start - num_prompt : end - num_prompt]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
     @property
     def is_finished(self) -> bool:

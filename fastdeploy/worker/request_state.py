@@ -7,12 +7,13 @@ from typing import Optional
 
 import numpy as np
 
+from fastdeploy.engine.request import TokenSequence
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.output import NewRequestData
 
 
 @dataclass(eq=False)
-class CachedRequestState:
+class CachedRequestState(TokenSequence):
     req_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -47,21 +48,6 @@ class CachedRequestState:
             wants_prompt_logprobs=new.wants_prompt_logprobs,
             num_prompt_logprobs_done=new.num_prompt_logprobs_done,
         )
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def token_ids_between(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output."""
-        num_prompt = len(self.prompt_token_ids)
-        if start >= num_prompt:
-            return self.output_token_ids[start - num_prompt : end - num_prompt]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
 
     def positions_between(self, start: int, end: int) -> np.ndarray:
         """Positions of tokens [start, end): [end - start], or [3, end - start] for M-RoPE."""

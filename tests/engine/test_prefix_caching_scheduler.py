@@ -1,15 +1,8 @@
 """Scheduler with prefix caching, driven by a fake model loop (no model): random workloads with
 shared prefixes, preemption, aborts and cache resets keep every block accounted for; a prefix-cache
 hit always serves the KV of the very same prefix; `long_prefill_token_threshold` lets short prompts
-in beside a long one; decodes are never left out for a prefill.
-
-The fake model mirrors LLMEngine.step and simulates the KV cache: computing position p of a
-request writes key(p) = a hash of the request's tokens 0..p into slot p % block_size of block
-block_ids[p // block_size]. After every step each running request must read, through its block
-table, exactly its own keys for every computed position: a hit on a block holding another
-prefix, a block overwritten while shared, or a block handed out while in use all show there.
-Generated tokens are a function of the sequence so far (like greedy decoding), so requests with
-the same prompt generate the same tokens and can share output blocks too.
+in beside a long one; decodes are never left out for a prefill. The loop and its simulated KV
+cache: prefix_loop.py.
 """
 from __future__ import annotations
 

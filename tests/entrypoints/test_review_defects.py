@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import threading
 from types import SimpleNamespace
 
@@ -26,22 +25,11 @@ JOIN_TIMEOUT_S = 180
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-@pytest.fixture(autouse=True)
-def no_hang():
-    """Fail (instead of hanging) when a test runs longer than HANG_LIMIT_S."""
-
-    def on_alarm(signum, frame):
-        raise TimeoutError("still running at its time limit: it hangs")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(HANG_LIMIT_S)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+pytestmark = pytest.mark.usefixtures("no_hang")  # with this module's HANG_LIMIT_S
 
 
 @pytest.fixture
-def no_loading(monkeypatch):
+def stub_engine(monkeypatch):
     """LLM() without loading a model: the engine is a stub with a tokenizer-less shell."""
     monkeypatch.setattr(LLMEngine, "from_engine_args", classmethod(lambda cls, args: SimpleNamespace()))
 
@@ -125,7 +113,7 @@ def test_a_call_from_inside_a_call_on_the_same_thread_raises_instead_of_deadlock
 
 # ---- 2. chat templates ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["my.jinja", "templates/chat.j2", "chat.jinja2", "dir/template"])
-def test_missing_template_file_is_file_not_found(no_loading, tmp_path, name):
+def test_missing_template_file_is_file_not_found(stub_engine, tmp_path, name):
     path = str(tmp_path / name)
     with pytest.raises(FileNotFoundError, match=r"chat_template") as info:
         LLM(chat_template=path)
@@ -147,7 +135,7 @@ def test_existing_template_file_is_read(smollm_llm, tmp_path):
 BAD_SYNTAX = "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}"  # '}' instead of '}}' on line 2
 
 
-def test_syntax_error_in_llm_template_is_value_error_with_line(no_loading):
+def test_syntax_error_in_llm_template_is_value_error_with_line(stub_engine):
     with pytest.raises(ValueError, match=r"chat_template.*syntax.*line 2"):
         LLM(chat_template=BAD_SYNTAX)
 
@@ -173,7 +161,7 @@ def test_raise_exception_in_the_models_own_template_is_value_error(smollm_llm, m
 
 
 # ---- 3. logging ------------------------------------------------------------------------------------
-def test_llm_leaves_the_root_logger_alone_and_adds_one_handler(no_loading, monkeypatch):
+def test_llm_leaves_the_root_logger_alone_and_adds_one_handler(stub_engine, monkeypatch):
     root, ours = logging.getLogger(), logging.getLogger("fastdeploy")
     monkeypatch.setattr(root, "handlers", [])  # as in a script that configured nothing
     monkeypatch.setattr(ours, "handlers", [])
@@ -185,7 +173,7 @@ def test_llm_leaves_the_root_logger_alone_and_adds_one_handler(no_loading, monke
     assert ours.getEffectiveLevel() <= logging.INFO
 
 
-def test_records_reach_the_applications_root_handler_once(no_loading, monkeypatch):
+def test_records_reach_the_applications_root_handler_once(stub_engine, monkeypatch):
     """With the application's own root handler, it gets each record and ours stays silent."""
     seen, printed = [], []
 
@@ -242,16 +230,16 @@ def test_tiny_temperature_with_n_above_one_is_rejected_as_greedy():
 
 
 # ---- 5. token budget below the sequence limit -----------------------------------------------------
-def test_budget_below_max_num_seqs_is_rejected_before_loading(no_loading):
+def test_budget_below_max_num_seqs_is_rejected_before_loading(stub_engine):
     with pytest.raises(ValueError, match=r"^max_num_batched_tokens=8 .*max_num_seqs=16") as info:
         LLM(max_num_seqs=16, max_num_batched_tokens=8, enable_chunked_prefill=True, max_model_len=64)
     assert "raise max_num_batched_tokens" in str(info.value) and "lower max_num_seqs" in str(info.value)
 
 
-def test_default_budget_below_max_num_seqs_is_rejected(no_loading):
+def test_default_budget_below_max_num_seqs_is_rejected(stub_engine):
     with pytest.raises(ValueError, match=r"max_num_batched_tokens=2048 .*max_num_seqs=4096"):
         LLM(max_num_seqs=4096, enable_chunked_prefill=True)
 
 
-def test_budget_equal_to_max_num_seqs_is_accepted(no_loading):
+def test_budget_equal_to_max_num_seqs_is_accepted(stub_engine):
     LLM(max_num_seqs=16, max_num_batched_tokens=16, enable_chunked_prefill=True, max_model_len=64)
