@@ -21,6 +21,7 @@ setup(
         "tokenizers",
         "transformers",  # tokenizer layer and chat templates only; torch is never imported at run time
     ],
+    entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
         "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy"],

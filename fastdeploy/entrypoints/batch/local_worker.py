@@ -1,0 +1,74 @@
+"""One `LLM` in this process serving batch requests, answering each as soon as it finishes.
+
+Requests are fed to the engine a window at a time (a few times `max_num_seqs` queued: enough to keep
+every batch slot busy, never the whole file in memory), and each finished request's record is
+yielded at once, so the runner writes it before the next step. A request the engine refuses
+(prompt too long, logprobs above max_logprobs, a chat template that raises...) becomes an error
+record; the others go on.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable, Iterator, Optional
+
+from fastdeploy.entrypoints import chat_utils
+from fastdeploy.entrypoints.batch.format import BatchRequest, error_record, response_record
+
+WINDOW_PER_SEQ = 4  # requests queued per batch slot
+
+
+class LocalWorker:
+    """`LLM(**engine_kwargs)` and the model name its responses carry."""
+
+    def __init__(self, engine_kwargs: dict):
+        from fastdeploy import LLM
+
+        self.llm = LLM(**engine_kwargs)
+        model = engine_kwargs.get("model")
+        self.model_name = str(model) if model is not None else "default"
+        self.window = WINDOW_PER_SEQ * self.llm.llm_engine.config.scheduler_config.max_num_seqs
+
+    def process(self, requests: Iterable[BatchRequest]) -> Iterator[dict]:
+        """One output record per request (OpenAI batch output line, or an error record), in the order
+        requests finish; never raises for a bad request. Closing the generator early aborts the rest."""
+        engine = self.llm.llm_engine
+        todo = deque(requests)
+        pending: dict[str, BatchRequest] = {}
+        try:
+            while todo or pending:
+                while todo and len(pending) < self.window:
+                    request = todo.popleft()
+                    request_id, refusal = self._enqueue(request)
+                    if refusal is not None:
+                        yield refusal
+                    else:
+                        pending[request_id] = request
+                for output in engine.step():
+                    request = pending.pop(output.request_id)
+                    yield response_record(request, output, request.model or self.model_name)
+        finally:
+            for request_id in pending:
+                engine.abort_request(request_id)
+
+    def _enqueue(self, request: BatchRequest) -> tuple[Optional[str], Optional[dict]]:
+        """(engine request id, None), or (None, an error record) when the engine refuses it."""
+        engine = self.llm.llm_engine
+        try:
+            text, ids = self._prompt(request)
+            return engine.enqueue(engine.make_request(text, ids, request.sampling_params)), None
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            return None, error_record(request.custom_id, request.line, "invalid_request", str(e))
+
+    def _prompt(self, request: BatchRequest) -> tuple[Optional[str], list[int]]:
+        """(prompt text or None, token ids), as LLM.chat / LLM.generate make them."""
+        tokenizer = self.llm.get_tokenizer()
+        if request.kind == "chat":
+            text = chat_utils.render_conversation(tokenizer, request.messages, self.llm.chat_template,
+                                                  request.chat_template_kwargs)
+            return text, tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(request.prompt, str):
+            return request.prompt, tokenizer.encode(request.prompt, add_special_tokens=False)
+        return None, list(request.prompt)
+
+    def shutdown(self) -> None:
+        self.llm.llm_engine.shutdown()

@@ -1,0 +1,21 @@
+"""The `fastdeploy` console command: `fastdeploy run-batch ...` (entrypoints/run_batch.py)."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+COMMANDS = ("run-batch",)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: fastdeploy {{{','.join(COMMANDS)}}} ...  (got {argv[:1] or 'nothing'})", file=sys.stderr)
+        return 2
+    from fastdeploy.entrypoints.run_batch import main as run_batch
+
+    return run_batch(argv[1:], prog="fastdeploy run-batch")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
