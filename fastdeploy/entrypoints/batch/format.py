@@ -9,22 +9,11 @@ Input line (one JSON object per line)::
      "body": {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 16}}
     {"custom_id": "q2", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8}}
 
-- `custom_id`: non-empty string. `method`: "POST" (any case; may be left out). `url`:
-  "/v1/chat/completions" or "/v1/completions". `body`: an object. No other top-level keys.
-- chat body: `messages` (non-empty list of {"role", "content"}; content a str or a list of
-  {"type": "text", "text"} parts, checked as `LLM.chat` checks them).
-- completion body: `prompt`, a str or a list of token ids. Only one prompt per request: a list
-  of several strings or of several id lists is rejected (a list holding exactly one is unwrapped).
-- sampling keys (both urls): max_tokens, temperature, top_p, n, stop (str or list), seed,
-  presence_penalty, frequency_penalty and vLLM's top_k, min_p, repetition_penalty, min_tokens,
-  ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output, bad_words.
-  Chat also takes `max_completion_tokens` (OpenAI's newer name of max_tokens; both given and
-  different is an error), `logprobs` (bool) and `top_logprobs` (int >= 0, needs logprobs=true).
-  Completions take `logprobs` as an int k >= 0 (the k most likely tokens per position).
-  A key whose value is null counts as absent.
-- accepted and ignored: `model` (a str, echoed in the response), `user`, `stream` (false only),
-  `stream_options`; chat also `chat_template_kwargs` (an object, passed to the chat template).
-  Any other key is rejected, naming it and listing the accepted ones.
+The accepted keys, how they map to SamplingParams, the output shapes and the error codes are
+listed in docs/batch_format.md. In short: chat bodies need `messages`, completion bodies one
+`prompt` (a str or token ids; several prompts in one request are rejected); OpenAI's and vLLM's
+sampling keys map to SamplingParams; `model`, `user`, `stream` (false only) and `stream_options`
+are accepted and ignored (`model` is echoed); any other key is rejected, naming it.
 
 Output line of a success (`response_record`)::
 

@@ -234,3 +234,16 @@ def test_fuzz_only_batch_line_errors():
             assert r.kind in ("chat", "completion") and isinstance(r.sampling_params, SamplingParams)
     assert {"invalid_json", "invalid_request", "unknown_parameter", "invalid_parameter"} <= codes
     assert parsed >= 2  # the BOM-prefixed good line and some mutations parse
+
+
+def test_docs_list_every_key_and_code():
+    from pathlib import Path
+
+    from fastdeploy.entrypoints.batch import format as fmt
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "batch_format.md").read_text()
+    for key in set(fmt.CHAT_KEYS) | set(fmt.COMPLETION_KEYS) | set(fmt.LINE_KEYS):
+        assert f"`{key}`" in doc, key
+    for code in (fmt.INVALID_JSON, fmt.INVALID_REQUEST, fmt.UNSUPPORTED_METHOD, fmt.UNSUPPORTED_URL,
+                 fmt.UNKNOWN_PARAMETER, fmt.INVALID_PARAMETER, fmt.INTERNAL_ERROR):
+        assert f"`{code}`" in doc, code
