@@ -25,5 +25,7 @@ setup(
     extras_require={
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
         "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy"],
+        # run_batch --data-parallel-size N and the Ray Data helper (fastdeploy/entrypoints/batch/)
+        "ray": ["ray[data]>=2.40"],  # [data]: pandas and pyarrow, which ray.data needs
     },
 )
