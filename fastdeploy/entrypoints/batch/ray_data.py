@@ -64,7 +64,8 @@ class LLMPredictor:
         elif sampling_params is None:
             sampling_params = SamplingParams()
         elif not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams or a dict, got {type(sampling_params).__name__}")
+            raise TypeError("sampling_params must be a SamplingParams or a dict, "
+                            f"got {type(sampling_params).__name__}")
         self.sampling_params = sampling_params
         self.chat_template_kwargs = chat_template_kwargs
         self.llm = LLM(model=model, **engine_kwargs)

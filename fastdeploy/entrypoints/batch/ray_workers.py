@@ -31,7 +31,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections import deque
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
+
+from fastdeploy.engine.args_utils import EngineArgs
 
 CHUNK_SIZE = 32  # requests per actor call
 CHUNKS_IN_FLIGHT = 2  # chunks queued on each actor at a time
@@ -80,13 +82,17 @@ class RayWorkers:
     data_parallel_size: N >= 1 actors.
     ray_address: the Ray cluster to join (`ray.init(address=...)`, e.g. "auto" or
         "ray://head:10001") when Ray is not initialised yet; None starts a local instance.
-    Raises ImportError without ray, ValueError for N < 1 or more actors than cluster CPUs,
-    RuntimeError naming the actor when an actor fails to start (its cause chained).
+    Raises ImportError without ray; TypeError / ValueError for bad engine settings (checked here,
+    before Ray starts), N < 1 or more actors than cluster CPUs; RuntimeError naming the actor
+    when one fails to start (a model missing on its node: Ray's message carries the traceback).
+    The constructor returns once every actor has loaded its model.
     """
 
     def __init__(self, engine_kwargs: dict, data_parallel_size: int, ray_address: Optional[str] = None):
         if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be an int >= 1, got {data_parallel_size!r}")
+        settings = dict(engine_kwargs)
+        EngineArgs.from_kwargs(settings.pop("model", None), settings)  # bad settings fail here, not in N actors
         ray = import_ray()
         self._ray = ray
         self._owns_ray = False
@@ -112,7 +118,8 @@ class RayWorkers:
                 for name in self.names
             ]
             # wait for every engine to load, so a bad model or setting fails here, before any work
-            self.actor_info = [self._get(actor.info.remote(), i, "starting") for i, actor in enumerate(self._actors)]
+            self.actor_info = [self._get(actor.info.remote(), i, "starting")
+                               for i, actor in enumerate(self._actors)]
         except BaseException:
             self.shutdown()
             raise
@@ -137,14 +144,15 @@ class RayWorkers:
                 f"failed while {doing}: {e}"
             ) from e
 
-    def process(self, requests: list) -> Iterator[dict]:
+    def process(self, requests: Iterable) -> Iterator[dict]:
         """Yield one output record per request (completion order) as each chunk finishes.
 
-        requests: BatchRequests. Raises RuntimeError naming the actor when one dies; records of
-        chunks that finished before are yielded first (the runner has written them).
+        requests: an iterable of BatchRequests. Raises RuntimeError naming the actor when one dies;
+        the records of chunks that finished before have been yielded (the runner has written them).
         """
         if not self._actors:
             raise RuntimeError("RayWorkers.process called after shutdown()")
+        requests = list(requests)
         waiting = deque(requests[i:i + CHUNK_SIZE] for i in range(0, len(requests), CHUNK_SIZE))
         in_flight: dict = {}  # ObjectRef -> (actor index, chunk)
         load = [0] * len(self._actors)

@@ -5,6 +5,8 @@ end `process` with RuntimeError naming it, within a bounded time; LLMPredictor i
 pipeline must give LLM.generate's greedy text. Every test holds at most 2 one-CPU actors and frees
 them before it ends (the instance has 2 CPUs). The reference runs in this process.
 """
+import json
+import sys
 import time
 
 import fastdeploy  # noqa: F401  (first: sets the MKL fix before paddle is imported)
@@ -13,10 +15,11 @@ import ray
 
 from fastdeploy import SamplingParams
 from fastdeploy.entrypoints.batch import ray_workers
-from fastdeploy.entrypoints.batch.format import BatchRequest
+from fastdeploy.entrypoints.batch.format import parse_request_line
 from fastdeploy.entrypoints.batch.local_worker import LocalWorker
 from fastdeploy.entrypoints.batch.ray_data import LLMPredictor
 from fastdeploy.entrypoints.batch.ray_workers import RayWorkers
+from fastdeploy.entrypoints.batch.runner import run_job
 
 HANG_LIMIT_S = 240  # no_hang's limit per test (model loads on 2 shared cores)
 ENGINE_KWARGS = {"model": None, "max_model_len": 512, "max_num_seqs": 4}
@@ -30,16 +33,20 @@ def greedy() -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 
-def batch_requests() -> list:
-    """12 requests, chat and completion interleaved."""
+def input_lines() -> list[str]:
+    """12 OpenAI batch request lines, chat and completion interleaved, greedy."""
     out = []
     for i, (prompt, question) in enumerate(zip(PROMPTS, QUESTIONS)):
-        out.append(BatchRequest(custom_id=f"cmpl-{i}", line=2 * i + 1, kind="completion", messages=None,
-                                prompt=prompt, sampling_params=greedy(), chat_template_kwargs=None, model=None))
-        out.append(BatchRequest(custom_id=f"chat-{i}", line=2 * i + 2, kind="chat",
-                                messages=[{"role": "user", "content": question}], prompt=None,
-                                sampling_params=greedy(), chat_template_kwargs=None, model=None))
-    return out
+        out.append({"custom_id": f"cmpl-{i}", "url": "/v1/completions",
+                    "body": {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}})
+        out.append({"custom_id": f"chat-{i}", "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": question}], "max_tokens": MAX_TOKENS,
+                             "temperature": 0}})
+    return [json.dumps(line) for line in out]
+
+
+def batch_requests() -> list:
+    return [parse_request_line(text, number) for number, text in enumerate(input_lines(), 1)]
 
 
 def text_of(record: dict) -> str:
@@ -51,6 +58,10 @@ def text_of(record: dict) -> str:
     return choice["message"]["content"] if "message" in choice else choice["text"]
 
 
+def texts(records: dict) -> dict:
+    return {custom_id: text_of(r) for custom_id, r in records.items()}
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -60,10 +71,10 @@ def local_ray():
 
 @pytest.fixture(scope="module")
 def reference():
-    """custom_id -> greedy text from one LocalWorker in this process."""
+    """custom_id -> output record, from one LocalWorker in this process."""
     worker = LocalWorker(dict(ENGINE_KWARGS))
     try:
-        return {r["custom_id"]: text_of(r) for r in worker.process(batch_requests())}
+        return {r["custom_id"]: r for r in worker.process(batch_requests())}
     finally:
         worker.shutdown()
 
@@ -81,8 +92,7 @@ def test_two_actors_match_one_local_worker(local_ray, reference, no_hang, monkey
         workers.shutdown()
     ids = [r["custom_id"] for r in records]
     assert sorted(ids) == sorted(reference) and len(ids) == len(set(ids)) == 12
-    assert {r["custom_id"]: text_of(r) for r in records} == reference
-    assert not ray.util.list_named_actors(), "shutdown left actors alive"  # noqa
+    assert {r["custom_id"]: text_of(r) for r in records} == texts(reference)
     assert ray.is_initialized(), "shutdown must not stop a Ray instance it did not start"
 
 
@@ -134,4 +144,47 @@ def test_ray_data_predictor_messages_column(local_ray, reference, no_hang):
     ).take_all()
     assert len(out) == 2
     by_question = {row["messages"][0]["content"]: row["generated_text"] for row in out}
-    assert by_question == {QUESTIONS[0]: reference["chat-0"], QUESTIONS[1]: reference["chat-1"]}
+    assert by_question == {QUESTIONS[0]: text_of(reference["chat-0"]), QUESTIONS[1]: text_of(reference["chat-1"])}
+
+
+def test_run_job_on_ray_resumes(local_ray, reference, no_hang, tmp_path, monkeypatch):
+    """run_job with data_parallel_size 2 on an output file that already answers 3 requests (as a
+    crashed run leaves it): those are skipped, the other 9 are appended, each custom_id once."""
+    monkeypatch.setattr(ray_workers, "CHUNK_SIZE", 3)
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(input_lines()) + "\n")
+    done_before = ["cmpl-0", "chat-3", "cmpl-5"]
+    target.write_text("".join(json.dumps(reference[c]) + "\n" for c in done_before))
+    summary = run_job(str(source), str(target), dict(ENGINE_KWARGS), data_parallel_size=2, use_tqdm=False)
+    assert (summary.skipped, summary.done, summary.failed) == (3, 9, 0)
+    records = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["custom_id"] for r in records[:3]] == done_before
+    assert sorted(r["custom_id"] for r in records) == sorted(reference)
+    assert {r["custom_id"]: text_of(r) for r in records} == texts(reference)
+    assert ray.is_initialized()
+
+
+def test_bad_settings_fail_before_actors_start(local_ray, no_hang):
+    with pytest.raises(ValueError, match="max_model_len"):
+        RayWorkers({**ENGINE_KWARGS, "max_model_len": 0}, data_parallel_size=2)
+    with pytest.raises(ValueError, match="3 needs one Ray CPU per actor, the Ray cluster has 2"):
+        RayWorkers(dict(ENGINE_KWARGS), data_parallel_size=3)
+    with pytest.raises(ValueError, match="data_parallel_size must be an int >= 1"):
+        RayWorkers(dict(ENGINE_KWARGS), data_parallel_size=0)
+
+
+def test_actor_that_cannot_load_raises_naming_it(local_ray, no_hang, tmp_path):
+    missing = str(tmp_path / "no-such-model.gguf")
+    rank_0_died = r"fastdeploy-batch-\w+-0 \(data-parallel rank 0 of 2\) died while starting"
+    with pytest.raises(RuntimeError, match=rank_0_died):
+        RayWorkers({**ENGINE_KWARGS, "model": missing}, data_parallel_size=2)
+    deadline = time.monotonic() + 30  # the killed actors give their CPUs back
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
+
+
+def test_missing_ray_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
+    with pytest.raises(ImportError, match=r'pip install "fastdeploy\[ray\]"'):
+        RayWorkers(dict(ENGINE_KWARGS), data_parallel_size=2)
