@@ -61,10 +61,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def engine_threads() -> int:
+    """Threads the engine computes on: `OMP_NUM_THREADS` as the user set it before import, else one
+    per usable core."""
+    return int(_USER_OMP_THREADS) if _USER_OMP_THREADS else usable_cores()
+
+
 def set_paddle_threads() -> int:
-    """Give Paddle's CPU kernels one thread per usable core, or `OMP_NUM_THREADS` if the user set it."""
+    """Give Paddle's CPU kernels `engine_threads()` threads; returns that count."""
     import paddle
 
-    threads = int(_USER_OMP_THREADS) if _USER_OMP_THREADS else usable_cores()
+    threads = engine_threads()
     paddle.base.core.set_num_threads(threads)
     return threads

@@ -64,7 +64,7 @@ class _BatchActor:
         from fastdeploy.platforms import cpu
 
         omp = os.environ.get("OMP_NUM_THREADS")
-        threads = int(cpu._USER_OMP_THREADS) if cpu._USER_OMP_THREADS else cpu.usable_cores()
+        threads = cpu.engine_threads()
         return {"pid": os.getpid(), "omp_num_threads": omp, "engine_threads": threads}
 
     def process(self, requests: list) -> list[dict]:
