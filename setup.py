@@ -3,6 +3,11 @@
 PaddlePaddle itself is not a requirement here: the CPU wheel `paddlepaddle` and the GPU wheel
 `paddlepaddle-gpu` both provide `paddle` and must not be installed together, so README.md's
 commands install the right one.
+
+The custom ops' sources travel with the package: `custom_ops/` (setup_ops.py, cpu_ops/*.cc|h,
+gpu_ops/*.cu|cuh) is installed as `fastdeploy/_custom_ops/`, where
+fastdeploy/model_executor/ops/loader.py looks first (a source checkout's custom_ops/ otherwise), so
+a wheel or a non-editable `pip install .` builds the ops on first use like a checkout does.
 """
 from setuptools import find_packages, setup
 
@@ -10,7 +15,9 @@ setup(
     name="fastdeploy",
     version="0.1.0",
     description="FastDeploy-compatible offline LLM inference engine on PaddlePaddle, CPU first",
-    packages=find_packages(include=["fastdeploy", "fastdeploy.*"]),
+    packages=find_packages(include=["fastdeploy", "fastdeploy.*"]) + ["fastdeploy._custom_ops"],
+    package_dir={"fastdeploy._custom_ops": "custom_ops"},  # setup_ops.py comes as its one module
+    package_data={"fastdeploy._custom_ops": ["cpu_ops/*.cc", "cpu_ops/*.h", "gpu_ops/*.cu", "gpu_ops/*.cuh"]},
     python_requires=">=3.10",
     install_requires=[
         "numpy",

@@ -87,7 +87,8 @@ def build():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT.parent))
+    if ROOT.parent.name != "fastdeploy":  # a source checkout's custom_ops/ (installed: fastdeploy/_custom_ops/)
+        sys.path.insert(0, str(ROOT.parent))
     import fastdeploy  # noqa: F401  (prepares the environment before paddle is imported)
     from fastdeploy.model_executor.ops.loader import compiled_ops
 

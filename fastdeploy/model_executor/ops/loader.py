@@ -1,5 +1,9 @@
 """The compiled custom ops (custom_ops/, built by custom_ops/setup_ops.py), or None for the fallbacks.
 
+Where the op sources are (`SETUP_OPS`): inside the installed package, `fastdeploy/_custom_ops/`
+(setup.py installs custom_ops/ there, so a wheel or a non-editable install carries them), else the
+source checkout's `custom_ops/` beside the package (editable installs, running from a checkout).
+
 `compiled_op(name)` is what the shims in this package call: the op from the `fastdeploy_ops`
 extension module, or None when the module is not available (no compiler, no sources in this
 install, a failed build: the reason is logged once) or fallbacks are forced. Forcing fallbacks:
@@ -23,14 +27,18 @@ from typing import Callable, Optional
 
 logger = logging.getLogger("fastdeploy")
 
-SETUP_OPS = Path(__file__).resolve().parents[3] / "custom_ops" / "setup_ops.py"
+_PACKAGE = Path(__file__).resolve().parents[2]  # the fastdeploy package directory
+SETUP_OPS_CANDIDATES = (_PACKAGE / "_custom_ops" / "setup_ops.py",  # installed with the package
+                        _PACKAGE.parent / "custom_ops" / "setup_ops.py")  # a source checkout
+SETUP_OPS = next((path for path in SETUP_OPS_CANDIDATES if path.is_file()), SETUP_OPS_CANDIDATES[-1])
 _forced = [os.environ.get("FD_DISABLE_CUSTOM_OPS", "0") not in ("", "0")]
 
 
 def _setup_ops():
-    """custom_ops/setup_ops.py as a module (it lives beside the package, in the source checkout)."""
+    """setup_ops.py (SETUP_OPS: the installed copy, else the checkout's) as a module."""
     if not SETUP_OPS.is_file():
-        raise FileNotFoundError(f"{SETUP_OPS} not found: this install has no op sources")
+        looked = " and ".join(str(path) for path in SETUP_OPS_CANDIDATES)
+        raise FileNotFoundError(f"this install has no op sources (looked for {looked})")
     spec = importlib.util.spec_from_file_location("fastdeploy_setup_ops", SETUP_OPS)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -51,7 +59,7 @@ def _load():
                 from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
 
                 return _import_module_from_library(setup_ops.NAME, str(built))
-            logger.info("building the custom ops (custom_ops/setup_ops.py), once per machine...")
+            logger.info("building the custom ops (%s), once per machine...", SETUP_OPS)
             return setup_ops.build()
     except Exception as e:  # any failure means: run the pure-Paddle fallbacks
         logger.warning("custom ops unavailable (%s: %s); using pure-Paddle fallbacks", type(e).__name__, e)
