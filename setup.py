@@ -31,7 +31,12 @@ setup(
     entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
-        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy"],
+        # sentencepiece and protobuf: the [ernie] extra's, for the ERNIE tokenizer tests (and to build their
+        # tokenizer.model files)
+        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy"],
+        # sentencepiece-only tokenizers (ERNIE-4.5's tokenizer.model; fastdeploy/input/tokenizer_loader.py):
+        # the model proto is read with protobuf (Paddle brings it too), or with sentencepiece's own schema
+        "ernie": ["sentencepiece", "protobuf"],
         # run_batch --data-parallel-size N and the Ray Data helper (fastdeploy/entrypoints/batch/)
         "ray": ["ray[data]>=2.40"],  # [data]: pandas and pyarrow, which ray.data needs
     },

@@ -266,7 +266,12 @@ def sentencepiece_to_tokenizers(spm_path, special_tokens: set[str] = frozenset()
     from transformers.convert_slow_tokenizer import import_protobuf
     from transformers.tokenization_utils_base import generate_merges
 
-    proto = import_protobuf().ModelProto()  # sentencepiece's schema (from sentencepiece, else transformers')
+    try:
+        schema = import_protobuf()  # sentencepiece's schema (from sentencepiece, else transformers')
+    except ImportError as e:
+        raise ImportError(f"reading the sentencepiece model {spm_path} (ERNIE-4.5 and other sentencepiece-only "
+                          "tokenizers) needs protobuf or sentencepiece: pip install \"fastdeploy[ernie]\"") from e
+    proto = schema.ModelProto()
     with open(spm_path, "rb") as f:
         proto.ParseFromString(f.read())
     trainer, norm = proto.trainer_spec, proto.normalizer_spec
