@@ -24,7 +24,7 @@ setup(
     entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
-        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy"],
+        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "scipy", "hypothesis"],
         # run_batch --data-parallel-size N and the Ray Data helper (fastdeploy/entrypoints/batch/)
         "ray": ["ray[data]>=2.40"],  # [data]: pandas and pyarrow, which ray.data needs
     },
