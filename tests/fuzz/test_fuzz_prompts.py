@@ -74,7 +74,9 @@ token = st.one_of(
     st.integers(0, 300), st.integers(VOCAB - 3, VOCAB + 3), st.integers(-3, -1),
     st.integers(-(2**70), 2**70), st.booleans(), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
 )
-ids = st.lists(st.integers(0, 2000), min_size=0, max_size=8) | st.lists(token, max_size=6)
+edge_ids = st.lists(st.sampled_from([0, 1, VOCAB - 1, VOCAB, VOCAB + 1, -1, 2**63, -(2**63), 2**70])
+                    | st.integers(0, 2000), min_size=1, max_size=5)  # ints only: the vocabulary check decides
+ids = st.lists(st.integers(0, 2000), min_size=0, max_size=8) | edge_ids | st.lists(token, max_size=6)
 text = st.text(max_size=30) | st.sampled_from(["", " ", "\n", "Hello", "<|im_end|>", "\x00", "é" * 5])
 junk = st.none() | st.integers() | st.floats() | st.booleans() | st.binary(max_size=4)
 prompt_dict = st.dictionaries(
@@ -94,6 +96,8 @@ prompts = weighted(
     (3, st.lists(valid_prompt, min_size=1, max_size=3)),
     (2, st.lists(one_prompt, max_size=3)),
     (1, st.tuples(valid_prompt, one_prompt)),
+    (1, edge_ids),
+    (1, st.fixed_dictionaries({"prompt_token_ids": edge_ids})),
     (1, st.lists(st.lists(ids, max_size=2), max_size=2)),  # nested too deep
     (1, st.sampled_from([[[]], [""], {}, [], (), [[1, 2], []], [{"prompt": "a"}, 3], None])),
     (1, st.lists(st.integers(0, 2000), min_size=1020, max_size=1030)),  # about max_model_len (1024)
