@@ -193,3 +193,17 @@ def test_chat_template_kwargs_may_not_set_the_render_arguments(engine, key):
     with pytest.raises(TypeError, match="chat_template_kwargs keys must be str"):
         llm.chat([{"role": "user", "content": "hi"}], params(), use_tqdm=False, chat_template_kwargs={1: True})
     check_served_next(llm, reference)
+
+
+@pytest.mark.parametrize("name,value", [("temperature", 10**400), ("temperature", "hot"), ("temperature", True),
+                                        ("top_k", 1.7), ("top_p", [1]), ("max_tokens", "5")])
+def test_sampling_params_edited_after_construction_are_checked_again(engine, name, value):
+    """Found while fuzzing: float()/int()/min() of an edited field raised OverflowError or errors naming
+    no field (or truncated top_k=1.7 to 1) instead of the field's own ValueError/TypeError."""
+    llm, _, reference = engine
+    p = params()
+    setattr(p, name, value)
+    with pytest.raises((ValueError, TypeError), match=f"^{name} must be"):
+        llm.generate("Hi", p, use_tqdm=False)
+    assert getattr(p, name) == value
+    check_served_next(llm, reference)
