@@ -33,7 +33,7 @@ setup(
         # torch must be exactly 2.13.0 (the CPU wheel) and installed before transformers: README.md does it.
         # sentencepiece and protobuf: the [ernie] extra's, for the ERNIE tokenizer tests (and to build their
         # tokenizer.model files)
-        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy"],
+        "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy", "hypothesis"],
         # sentencepiece-only tokenizers (ERNIE-4.5's tokenizer.model; fastdeploy/input/tokenizer_loader.py):
         # the model proto is read with protobuf (Paddle brings it too), or with sentencepiece's own schema
         "ernie": ["sentencepiece", "protobuf"],

@@ -29,7 +29,11 @@ def _check_type(name: str, value, types: tuple, allowed: str) -> None:
 def _check_number(name: str, value, ok, allowed: str) -> None:
     """TypeError unless a finite int/float; ValueError unless ok(value)."""
     _check_type(name, value, (int, float), f"a number {allowed}")
-    if not math.isfinite(value) or not ok(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float: no allowed range reaches it
+        finite = False
+    if not finite or not ok(value):
         raise ValueError(f"{name} must be {allowed}, got {value}")
 
 

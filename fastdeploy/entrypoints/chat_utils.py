@@ -37,6 +37,19 @@ def validate_conversation(conversation, index: int) -> None:
             raise TypeError(f"{where}: 'content' must be a str or a list of text parts, got {type(content).__name__}")
 
 
+# arguments render_conversation passes to apply_chat_template itself
+RENDER_ARGUMENTS = ("conversation", "chat_template", "tokenize", "add_generation_prompt")
+
+
+def validate_template_kwargs(kwargs: Optional[dict]) -> None:
+    """TypeError for a non-str key, ValueError for a key that render_conversation sets itself."""
+    for key in kwargs or {}:
+        if not isinstance(key, str):
+            raise TypeError(f"chat_template_kwargs keys must be str, got {key!r}")
+        if key in RENDER_ARGUMENTS:
+            raise ValueError(f"chat_template_kwargs must not set {key!r}: chat() sets {', '.join(RENDER_ARGUMENTS)}")
+
+
 def _flatten_text_parts(conversation: list[dict]) -> list[dict]:
     """Turn OpenAI-style text parts into plain strings (templates of text models expect strings)."""
     flat = []

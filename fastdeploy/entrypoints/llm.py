@@ -112,6 +112,7 @@ class LLM:
     def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template):
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
+        chat_utils.validate_template_kwargs(chat_template_kwargs)
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"messages must be a non-empty list of message dicts or of conversations, got {messages!r}")
         conversations = [messages] if chat_utils.is_conversation(messages) else messages
@@ -149,9 +150,12 @@ class LLM:
             unknown = sorted(set(prompt) - set(PROMPT_DICT_KEYS))
             if unknown:
                 raise ValueError(f"prompt {index}: unknown key(s) {unknown}; accepted: {list(PROMPT_DICT_KEYS)}")
-            if prompt.get("prompt_token_ids"):
+            ids = prompt.get("prompt_token_ids")
+            if ids is not None and not isinstance(ids, (list, tuple)):  # a str or dict here is no prompt form
+                raise TypeError(f"prompt {index}: 'prompt_token_ids' must be a list of ints, got {type(ids).__name__}")
+            if ids:
                 text = prompt.get("prompt")
-                return text if isinstance(text, str) else None, self._normalize_one(prompt["prompt_token_ids"], index)[1]
+                return text if isinstance(text, str) else None, self._normalize_one(ids, index)[1]
             if isinstance(prompt.get("prompt"), str):
                 return self._normalize_one(prompt["prompt"], index)
             raise ValueError(f"prompt {index}: a prompt dict needs a 'prompt' str or 'prompt_token_ids', got {prompt!r}")

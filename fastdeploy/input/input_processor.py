@@ -89,6 +89,7 @@ class InputProcessor:
     def resolve_sampling_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
         """A copy with the model's defaults filled in, max_tokens clamped to the context, and the
         checks that need the model (vocabulary, max_logprobs). Raises ValueError naming the field."""
+        params = params.clone()  # checked again: its fields may have been edited after construction
         gen = self.config.generation_config
         room = self.config.scheduler_config.max_model_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
