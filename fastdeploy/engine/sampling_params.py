@@ -19,6 +19,9 @@ MAX_SEED = 922337203685477580  # FastDeploy's bound
 GREEDY_TEMPERATURE_EPS = 1e-5
 
 
+MAX_N = 1024  # completions per prompt; each is a request of its own (a huge n would run for ever)
+
+
 def _check_type(name: str, value, types: tuple, allowed: str) -> None:
     if isinstance(value, bool) and bool not in types:
         raise TypeError(f"{name} must be {allowed}, got {value!r} (bool)")
@@ -135,9 +138,10 @@ class SamplingParams:
             _check_type(name, getattr(self, name), (bool,), "True or False")
 
     def _verify_sampling(self) -> None:
-        _check_type("n", self.n, (int,), "an int >= 1")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        _check_type("n", self.n, (int,), f"an int in [1, {MAX_N}]")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}: each completion is a request of its own; "
+                             "for more samples, send the prompt several times")
         if self.temperature is not None:
             self._verify_temperature()
         if self.top_p is not None:

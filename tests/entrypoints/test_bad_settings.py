@@ -17,6 +17,8 @@ pytestmark = pytest.mark.usefixtures("no_hang")
     "kwargs, error, field, shown",
     [
         ({"temperature": -1}, ValueError, "temperature", "-1"),
+        ({"n": 1025, "temperature": 1}, ValueError, "n", "1025"),
+        ({"n": 10**30, "temperature": 1}, ValueError, "n", str(10**30)),
         ({"temperature": "hot"}, TypeError, "temperature", "'hot'"),
         ({"temperature": True}, TypeError, "temperature", "True"),
         ({"top_p": 0}, ValueError, "top_p", "got 0"),
