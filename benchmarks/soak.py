@@ -46,7 +46,7 @@ class Soak:
     def __init__(self, seed: int, duration: float, rss_every: float):
         self.rng = random.Random(seed)
         self.duration, self.rss_every = duration, rss_every
-        common = dict(max_model_len=512, block_size=16, max_num_seqs=8, seed=seed)
+        common = dict(max_model_len=512, block_size=16, max_num_seqs=8, num_gpu_blocks_override=257, seed=seed)
         self.main = LLM(**common)
         self.tiny = LLM(max_model_len=256, block_size=16, max_num_seqs=8, num_gpu_blocks_override=18, seed=seed)
         self.ref = LLM(**common)
