@@ -18,6 +18,7 @@ import ctypes
 import gc
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -37,9 +38,12 @@ STOPS = [".", "\n", " the", ",", "!"]
 
 
 def rss_mib() -> float:
+    """Anonymous resident memory (RSS less file-backed pages, which the kernel may drop and map
+    again when other processes need memory)."""
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # count what is held, not what the heap keeps spare
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    _, resident, shared = (int(x) for x in open("/proc/self/statm").read().split()[:3])
+    return (resident - shared) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class Soak:
@@ -51,7 +55,7 @@ class Soak:
         self.tiny = LLM(max_model_len=256, block_size=16, max_num_seqs=8, num_gpu_blocks_override=18, seed=seed)
         self.ref = LLM(**common)
         self.tok = self.main.get_tokenizer()
-        self.counts = dict(calls=0, requests=0, aborts=0, greedy_checks=0, near_tie_divergences=0,
+        self.counts = dict(calls=0, requests=0, aborts=0, abort_timer_late=0, greedy_checks=0, near_tie_divergences=0,
                            resets=0, preemptions=0)
         self.recorded: list = []  # (prompt ids, params, token ids) of greedy requests of `main`
         for llm in (self.main, self.tiny):
@@ -152,6 +156,7 @@ class Soak:
             outputs = self.main.generate(prompts, params, use_tqdm=False)
             timer.cancel()
             timer.join()
+            self.counts["abort_timer_late"] += 1
             time.sleep(0.01)  # an interrupt raised just before cancel() lands here
         except KeyboardInterrupt:
             self.counts["aborts"] += 1
@@ -248,6 +253,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="RNG seed (default: from the clock)")
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples")
     args = parser.parse_args()
+    # a job started in the background (nohup ... &) inherits SIGINT ignored, and interrupt_main()
+    # then does nothing: restore Python's handler so the Ctrl-C aborts happen there too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"seed: {seed}", flush=True)
     return Soak(seed, args.duration, args.rss_every).run()
