@@ -200,7 +200,9 @@ class Soak:
             cfg = llm.llm_engine.config.scheduler_config
             seqs, length = cfg.max_num_seqs, cfg.max_model_len - 8
             prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(length)]} for i in range(seqs)]
-            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+            # prompt_logprobs: logits of 64+ rows, which makes the lm_head's dense copy
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=0),
+                         use_tqdm=False)
             llm.reset_prefix_cache()
             self.check(llm, None, [], [])
 
