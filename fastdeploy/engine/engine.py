@@ -131,4 +131,8 @@ class LLMEngine:
         return outputs
 
     def shutdown(self) -> None:
+        """Abort what is still queued (its blocks return to the pool) and release the executor (the
+        model and its KV cache); idempotent."""
+        for group_id in list(self.output_processor.groups):
+            self.abort_request(group_id)
         self.executor.shutdown()

@@ -55,15 +55,28 @@ class LLM:
         with self._serialised("reset_prefix_cache"):
             return self.llm_engine.reset_prefix_cache()
 
+    def shutdown(self) -> None:
+        """Release the engine: the model's weights and its KV cache. Idempotent (a second call does
+        nothing); generate, chat and reset_prefix_cache raise RuntimeError afterwards. Waits for a
+        call running in another thread. `del llm` releases the same memory without it."""
+        with self._serialised("shutdown", allow_shut_down=True):
+            engine, self.llm_engine = self.llm_engine, None
+            if engine is not None:
+                engine.shutdown()
+
     @contextmanager
-    def _serialised(self, what: str):
+    def _serialised(self, what: str, allow_shut_down: bool = False):
         """Hold the LLM's lock for one public call (see the module docstring)."""
+        if self.llm_engine is None and not allow_shut_down:
+            raise RuntimeError(f"LLM.{what}: this LLM was shut down (LLM.shutdown()); create a new LLM")
         if self._owner == threading.get_ident():
             raise RuntimeError(
                 f"LLM.{what} was called while this thread is inside another call on the same LLM "
                 "(e.g. from a callback); wait for that call to return, or use a second LLM"
             )
         with self._lock:
+            if self.llm_engine is None and not allow_shut_down:  # shut down while this call waited
+                raise RuntimeError(f"LLM.{what}: this LLM was shut down (LLM.shutdown()); create a new LLM")
             self._owner = threading.get_ident()
             try:
                 yield

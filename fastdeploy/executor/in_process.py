@@ -33,4 +33,19 @@ class InProcessExecutor(Executor):
             raise RuntimeError("the executor was shut down")
 
     def shutdown(self) -> None:
-        self.runner = None
+        """Drop the runner (its KV cache) and the model; idempotent. Each parameter keeps its loading
+        hook, a bound method of its layer: that layer -> parameter -> hook -> layer cycle runs
+        through a Paddle tensor, which Python's cycle collector cannot see into, so it is cut here
+        or the weights would outlive the executor."""
+        runner, self.runner = getattr(self, "runner", None), None
+        if runner is None:
+            return
+        for param in runner.model.parameters():
+            if "weight_loader" in vars(param):
+                del param.weight_loader
+
+    def __del__(self):  # `del llm` without shutdown() releases the weights too
+        try:
+            self.shutdown()
+        except Exception:  # at interpreter exit Paddle may already be torn down; nothing to release
+            pass
