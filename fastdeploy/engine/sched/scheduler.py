@@ -200,8 +200,7 @@ class Scheduler:
             request.prefix_chain_broken = False
         for request, cached_before in reversed(step.admitted):
             if request in self.running:
-                self._preempt(request)
-                request.num_preemptions -= 1  # not a preemption: the step never ran
+                self._requeue(request)  # not a preemption: the step never ran
                 request.num_cached_tokens = cached_before
         for request in step.tokens:
             request.num_blocks_sent = None
@@ -259,10 +258,14 @@ class Scheduler:
         request.prefix_chain_broken = False
 
     def _preempt(self, request: Request) -> None:
+        self._requeue(request)
+        request.num_preemptions += 1
+
+    def _requeue(self, request: Request) -> None:
+        """Back to the front of the queue with no blocks, to be recomputed from its first token."""
         self.running.remove(request)
         self._release_blocks(request)
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
         request.num_blocks_sent = None  # the runner drops it; it is sent again in full
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
