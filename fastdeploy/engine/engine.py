@@ -87,7 +87,6 @@ class LLMEngine:
                 request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=params,
                 positions=prepared.positions, eos_token_ids=self.eos_token_ids, index=i,
                 bad_words_token_ids=prepared.bad_words_token_ids,
-                wants_prompt_logprobs=params.prompt_logprobs is not None and i == 0,  # the n share the prompt
             ))
         return group_id
 

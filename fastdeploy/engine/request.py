@@ -183,7 +183,6 @@ class Request(TokenSequence):
     index: int = 0  # which of the prompt's n completions
     bad_words_token_ids: list = field(default_factory=list)  # token-id sequences, see bad_words.py
     token_type_ids: Any = None  # [num_prompt_tokens] int64 modality per token, None for text
-    wants_prompt_logprobs: bool = False  # the first completion of a prompt asking for prompt logprobs
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -195,6 +194,12 @@ class Request(TokenSequence):
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Scores the prompt's tokens: the first of a prompt's n completions (they share the prompt),
+        when its sampling params ask for prompt logprobs."""
+        return self.sampling_params.prompt_logprobs is not None and self.index == 0
 
     @property
     def is_finished(self) -> bool:
