@@ -132,12 +132,16 @@ class LLM:
         for i, conversation in enumerate(conversations):
             chat_utils.validate_conversation(conversation, i)
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
-        tokenizer = self.get_tokenizer()
-        items = []
-        for i, conversation in enumerate(conversations):
-            text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs, i)
-            items.append((text, tokenizer.encode(text, add_special_tokens=False)))
+        items = [self._render_chat(c, template, chat_template_kwargs, i) for i, c in enumerate(conversations)]
         return self._run(items, sampling_params, use_tqdm, what="messages")
+
+    def _render_chat(self, conversation: list[dict], template: Optional[str], chat_template_kwargs: Optional[dict],
+                     index: int) -> tuple[str, list[int]]:
+        """(prompt text, token ids) of one validated conversation: the template (or the model's) applied
+        with the generation prompt, tokenized without special tokens."""
+        tokenizer = self.get_tokenizer()
+        text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs, index)
+        return text, tokenizer.encode(text, add_special_tokens=False)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _normalize_prompts(self, prompts) -> list[tuple[Optional[str], list[int]]]:

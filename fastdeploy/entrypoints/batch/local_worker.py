@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Iterator, Optional
 
-from fastdeploy.entrypoints import chat_utils
 from fastdeploy.entrypoints.batch.format import BatchRequest, error_record, response_record
 
 WINDOW_PER_SEQ = 4  # requests queued per batch slot
@@ -60,15 +59,10 @@ class LocalWorker:
             return None, error_record(request.custom_id, request.line, "invalid_request", str(e))
 
     def _prompt(self, request: BatchRequest) -> tuple[Optional[str], list[int]]:
-        """(prompt text or None, token ids), as LLM.chat / LLM.generate make them."""
-        tokenizer = self.llm.get_tokenizer()
+        """(prompt text or None, token ids), made by the same code as LLM.chat / LLM.generate."""
         if request.kind == "chat":
-            text = chat_utils.render_conversation(tokenizer, request.messages, self.llm.chat_template,
-                                                  request.chat_template_kwargs)
-            return text, tokenizer.encode(text, add_special_tokens=False)
-        if isinstance(request.prompt, str):
-            return request.prompt, tokenizer.encode(request.prompt, add_special_tokens=False)
-        return None, list(request.prompt)
+            return self.llm._render_chat(request.messages, self.llm.chat_template, request.chat_template_kwargs, 0)
+        return self.llm._normalize_one(request.prompt, 0)
 
     def shutdown(self) -> None:
         self.llm.llm_engine.shutdown()
