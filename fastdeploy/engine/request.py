@@ -183,6 +183,7 @@ class Request(TokenSequence):
     index: int = 0  # which of the prompt's n completions
     bad_words_token_ids: list = field(default_factory=list)  # token-id sequences, see bad_words.py
     token_type_ids: Any = None  # [num_prompt_tokens] int64 modality per token, None for text
+    mm_features: list = field(default_factory=list)  # MultiModalFeature per image/video, in prompt order
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

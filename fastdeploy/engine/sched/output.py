@@ -34,6 +34,8 @@ class NewRequestData:
             (prompt + generated) has position i + position_delta on every axis.
         token_type_ids: [num_prompt_tokens] int64 modality of each prompt token (0 text), or None
             for all text; generated tokens are text.
+        mm_features: the prompt's images and videos (multimodal/inputs.py MultiModalFeature), in
+            prompt order; empty for text.
         block_ids: the request's KV blocks so far (block table).
         num_computed_tokens: tokens already in the KV cache (prefix-cache hit) before this step.
         eos_token_ids: ids that end the request (masked while fewer than min_tokens are generated).
@@ -56,6 +58,7 @@ class NewRequestData:
     bad_words_token_ids: list = field(default_factory=list)
     index: int = 0
     token_type_ids: Optional[np.ndarray] = None
+    mm_features: list = field(default_factory=list)
     wants_prompt_logprobs: bool = False
     num_prompt_logprobs_done: int = 1
 

@@ -299,6 +299,7 @@ def _new_request_data(request: Request) -> NewRequestData:
         bad_words_token_ids=request.bad_words_token_ids,
         index=request.index,
         token_type_ids=request.token_type_ids,
+        mm_features=request.mm_features,
         wants_prompt_logprobs=request.wants_prompt_logprobs,
         num_prompt_logprobs_done=request.num_prompt_logprobs_done,
     )
