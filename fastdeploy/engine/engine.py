@@ -61,6 +61,7 @@ class LLMEngine:
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
+        source.release_metadata()
         executor = InProcessExecutor(config, source.weights(), source.quant_config)
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
         return cls(config, tokenizer, executor)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
+from fastdeploy.model_executor.layers.parameters import release_parameters
 from fastdeploy.worker.model_runner import ModelRunner
 from fastdeploy.worker.output import ModelRunnerOutput
 
@@ -33,16 +34,14 @@ class InProcessExecutor(Executor):
             raise RuntimeError("the executor was shut down")
 
     def shutdown(self) -> None:
-        """Drop the runner (its KV cache) and the model; idempotent. Each parameter keeps its loading
-        hook, a bound method of its layer: that layer -> parameter -> hook -> layer cycle runs
-        through a Paddle tensor, which Python's cycle collector cannot see into, so it is cut here
-        or the weights would outlive the executor."""
+        """Drop the runner (its KV cache) and the model; idempotent. The parameters' memory is freed
+        and the objects kept for the next model (layers/parameters.py `release_parameters`), which
+        also cuts each parameter's layer -> parameter -> loading hook -> layer cycle: it runs through
+        a Paddle tensor, which Python's cycle collector cannot see into."""
         runner, self.runner = getattr(self, "runner", None), None
         if runner is None:
             return
-        for param in runner.model.parameters():
-            if "weight_loader" in vars(param):
-                del param.weight_loader
+        release_parameters(runner.model.parameters())
 
     def __del__(self):  # `del llm` without shutdown() releases the weights too
         try:

@@ -16,6 +16,7 @@ import paddle
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
@@ -112,9 +113,9 @@ class ModelRunner:
             token_type_ids=_token_type_ids(token_types, len(input_ids)),
         )
         logits_indices = (sample_rows + [row for _, _, row in prompt_rows]) or [0]
-        inputs = (paddle.to_tensor(np.asarray(input_ids, dtype=np.int64)),
-                  paddle.to_tensor(np.concatenate(positions, axis=-1)), meta,
-                  paddle.to_tensor(np.asarray(logits_indices, dtype=np.int64)))
+        inputs = (as_paddle(np.asarray(input_ids, dtype=np.int64)),
+                  as_paddle(np.concatenate(positions, axis=-1)), meta,
+                  as_paddle(np.asarray(logits_indices, dtype=np.int64)))
         return inputs, samplers, prompt_rows
 
     def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> dict[str, PromptLogprobsOutput]:
@@ -143,7 +144,7 @@ def _token_type_ids(parts: list[tuple[int, np.ndarray]], num_tokens: int):
     types = np.zeros(num_tokens, dtype=np.int64)
     for first_row, part in parts:
         types[first_row : first_row + len(part)] = part
-    return paddle.to_tensor(types)
+    return as_paddle(types)
 
 
 def _concat_logprobs(parts: list):

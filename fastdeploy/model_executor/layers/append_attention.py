@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.attention import KVCache, PaddleAttentionBackend, compiled_append_attention
 
 
@@ -40,7 +41,7 @@ class AppendAttentionBackend:
 
     def init_attention_metadata(self, meta: ForwardMeta) -> AppendAttentionInputs:
         """The step's index tensors, shared by every layer (zero-copy views of meta's arrays)."""
-        return AppendAttentionInputs(*[paddle.utils.dlpack.from_dlpack(np.ascontiguousarray(a, dtype=np.int64))
+        return AppendAttentionInputs(*[as_paddle(np.ascontiguousarray(a, dtype=np.int64))
                                        for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
                                                  meta.block_tables)])
 

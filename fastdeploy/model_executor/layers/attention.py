@@ -32,6 +32,7 @@ import paddle.nn.functional as F
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.ops import compiled_op
 
 MAX_BATCHED_QUERY = 256
@@ -46,7 +47,7 @@ def compiled_append_attention(head_dim: int, block_size: int) -> Optional[Callab
 
 
 def _as_paddle(array: np.ndarray) -> paddle.Tensor:
-    return paddle.utils.dlpack.from_dlpack(array)
+    return as_paddle(array)
 
 
 def _as_numpy(tensor: paddle.Tensor) -> np.ndarray:

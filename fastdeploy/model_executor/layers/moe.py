@@ -20,6 +20,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import ModelConfig
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.parameters import empty_parameter
@@ -75,7 +76,7 @@ class SparseMoE(paddle.nn.Layer):
         out = np.zeros(x.shape, np.float32)
         for e in np.unique(routing.experts):
             tokens, slot = np.nonzero(routing.experts == e)
-            y = self.experts[int(e)](paddle.gather(x, paddle.to_tensor(tokens)))  # [tokens, hidden]
+            y = self.experts[int(e)](paddle.gather(x, as_paddle(tokens)))  # [tokens, hidden]
             np.add.at(out, tokens, np.from_dlpack(y) * routing.weights[tokens, slot, None])
-        result = paddle.to_tensor(out)
+        result = as_paddle(out)
         return result + self.shared_experts(x) if self.shared_experts is not None else result

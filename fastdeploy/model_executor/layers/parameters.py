@@ -7,8 +7,15 @@ for every checkpoint tensor; the loader copies it into the parameter's memory th
 (DLPack, no copy of the parameter) and raises ValueError("has shape [...], expected [...]") on a
 wrong shape, which load_weights prefixes with the tensor's name. A tensor-parallel loader would take
 its rank's slice of `loaded` here.
+
+Parameter objects are reused across models (`release_parameters`, called when an executor shuts
+down, frees their memory and keeps the empty objects for the next model with the same shapes):
+Paddle 3.3's parameter constructor leaves a Python list behind per call, which pinned ~16 MiB of
+the Python heap per `LLM(...)` / `del llm` (model_executor/host_arrays.py has the details).
 """
-from typing import Callable, Optional
+import threading
+from collections import defaultdict
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import paddle
@@ -33,8 +40,31 @@ def check_shape(loaded, expected) -> None:
 
 def empty_parameter(shape: list[int], dtype: str = "float32",
                     weight_loader: Callable = default_weight_loader) -> paddle.Tensor:
-    """An uninitialised parameter (no gradient) whose loading hook is `weight_loader`."""
-    param = EagerParamBase.from_tensor(paddle.empty(shape, dtype=dtype))
+    """An uninitialised parameter (no gradient) whose loading hook is `weight_loader`: a released
+    parameter object of the same shape and dtype with new memory when there is one, else a new one."""
+    memory = paddle.empty(shape, dtype=dtype)
+    with _released_lock:
+        shelf = _released[(tuple(shape), str(memory.dtype))]
+        param = shelf.pop() if shelf else None
+    if param is None:
+        param = EagerParamBase.from_tensor(memory)
+    else:
+        memory._share_buffer_to(param)
     param.stop_gradient = True
     param.weight_loader = weight_loader
     return param
+
+
+_released: dict = defaultdict(list)  # (shape, dtype) -> parameter objects without memory
+_released_lock = threading.Lock()
+
+
+def release_parameters(params: Iterable[paddle.Tensor]) -> None:
+    """Free the parameters' memory, drop their loading hooks and keep the objects for reuse by
+    `empty_parameter`. The parameters must not be used again by their model."""
+    for param in params:
+        param.weight_loader = None  # a bound method of its layer: layer -> param -> hook -> layer
+        key = (tuple(param.shape), str(param.dtype))
+        param._clear_data()
+        with _released_lock:
+            _released[key].append(param)

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 import paddle
 
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.ops import compiled_op
 from fastdeploy.model_executor.ops.rotary_embedding import paddle_rotary_embedding_
 
@@ -51,8 +52,8 @@ class RotaryEmbedding:
         angles = np.concatenate([freqs, freqs], axis=-1)  # [max_position, head_dim]
         half = head_dim // 2
         sign = np.concatenate([-np.ones(half, np.float32), np.ones(half, np.float32)])
-        self.cos = paddle.to_tensor(np.cos(angles))
-        self.sin_signed = paddle.to_tensor(np.sin(angles) * sign)  # rotate_half's sign folded in
+        self.cos = as_paddle(np.cos(angles))
+        self.sin_signed = as_paddle(np.sin(angles) * sign)  # rotate_half's sign folded in
         self.head_dim = head_dim
         self._op = compiled_op("fd_rotary_embedding")
 

@@ -26,3 +26,11 @@ class ModelSource:
     weights: Callable[[], Iterator[tuple[str, Any]]]
     quant_config: Optional[Any] = None
     gguf_reader: Optional[Any] = None
+
+    def release_metadata(self) -> None:
+        """Free the GGUF reader's metadata fields once the config and the tokenizer are read (the
+        weights need only its tensor table). They are ~10^5 small Python objects: freed before the
+        model is built, the objects the build keeps are not scattered among them, where they would
+        keep the freed heap from returning to the system after `del llm`."""
+        if self.gguf_reader is not None:
+            self.gguf_reader.fields.clear()

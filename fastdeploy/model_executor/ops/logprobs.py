@@ -1,8 +1,8 @@
 """Logprobs shim: the compiled op of custom_ops/cpu_ops/logprobs.cc, or its numpy reference,
 `compute_logprobs` in layers/sample/logprobs.py."""
 import numpy as np
-import paddle
 
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays, compute_logprobs
 from fastdeploy.model_executor.ops.loader import compiled_op
 
@@ -27,5 +27,5 @@ def token_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> Logprob
             token_ranks=np.concatenate([r.token_ranks for r in rows]),
         )
     ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    outs = op(paddle.from_dlpack(np.ascontiguousarray(logits)), paddle.from_dlpack(ids), k)
+    outs = op(as_paddle(np.ascontiguousarray(logits)), as_paddle(ids), k)
     return LogprobsArrays(*(t.numpy() for t in outs))

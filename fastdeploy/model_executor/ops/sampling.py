@@ -7,8 +7,8 @@ uniform number except where float rounding moves a CDF or filter boundary across
 (its own exp, x * (1 / T)) and sums differ from numpy's by a few float32 ulps.
 """
 import numpy as np
-import paddle
 
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.sample.draw import sample_rows
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_penalties
 from fastdeploy.model_executor.ops.loader import compiled_op
@@ -27,9 +27,9 @@ def apply_penalties_(logits: np.ndarray, penalties: PenaltyInputs) -> None:
         return
     entries = np.stack([penalties.rows, penalties.token_ids], axis=1).astype(np.int64, copy=False)  # [m, 2]
     params = np.stack([penalties.repetition, penalties.frequency, penalties.presence], axis=1)  # [rows, 3]
-    op(paddle.from_dlpack(logits), paddle.from_dlpack(entries),
-       paddle.from_dlpack(np.ascontiguousarray(penalties.output_counts, np.float32)),
-       paddle.from_dlpack(params.astype(np.float32, copy=False)))
+    op(as_paddle(logits), as_paddle(entries),
+       as_paddle(np.ascontiguousarray(penalties.output_counts, np.float32)),
+       as_paddle(params.astype(np.float32, copy=False)))
 
 
 def top_k_top_p_min_p_sampling(logits: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
@@ -46,4 +46,4 @@ def top_k_top_p_min_p_sampling(logits: np.ndarray, temperature: np.ndarray, top_
     if op is None:
         return sample_rows(logits, temperature, top_k, top_p, min_p, uniforms)
     params = np.stack([temperature, top_k, top_p, min_p, uniforms], axis=1).astype(np.float64)  # [rows, 5]
-    return op(paddle.from_dlpack(np.ascontiguousarray(logits)), paddle.from_dlpack(params)).numpy()
+    return op(as_paddle(np.ascontiguousarray(logits)), as_paddle(params)).numpy()

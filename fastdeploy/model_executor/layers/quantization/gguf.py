@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import paddle
 
+from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import (Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod,
                                                      copy_transposed)
 from fastdeploy.model_executor.layers.parameters import empty_parameter
@@ -71,7 +72,7 @@ class GGUFLinearMethod(LinearMethod):
         self._staged[start:end] = loaded.blocks
         self._staged_rows += end - start
         if self._staged_rows == layer.out_features:  # every shard is in: interleave once
-            packed = self._interleave(paddle.to_tensor(self._staged), self.qtype)
+            packed = self._interleave(as_paddle(self._staged), self.qtype)
             np.from_dlpack(layer.weight)[...] = np.from_dlpack(packed)
             self._staged, self._staged_rows = None, 0
 
