@@ -47,6 +47,7 @@ Run one step:
 """
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
+from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
 from fastdeploy.model_executor.models.llama import LlamaForCausalLM
 from fastdeploy.model_executor.models.qwen2 import Qwen2ForCausalLM
 from fastdeploy.model_executor.models.qwen3 import Qwen3ForCausalLM
@@ -59,6 +60,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
+    "Ernie4_5_VLMoeForConditionalGeneration": Ernie4_5_VLMoeForConditionalGeneration,
     # the spelling of Baidu's own (remote-code and Paddle-layout) ERNIE-4.5 configs
     "Ernie4_5_ForCausalLM": Ernie4_5ForCausalLM,
 }
