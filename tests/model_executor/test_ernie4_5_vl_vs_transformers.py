@@ -48,7 +48,7 @@ def _with_item(prefix, placeholder, start, end, count):
     return prefix + [start] + [placeholder] * count + [end]
 
 
-def test_vision_tower_and_resampler_match(models):
+def test_vision_tower_and_resampler_match(models, attention_impl):  # compiled vision_attention and its fallback
     hf, ours, _ = models
     grids = [(1, 4, 4), (1, 4, 8), (1, 6, 2), (4, 2, 4)]  # square, wide, tall images and a 4-frame video
     pixels = _pixels(grids)

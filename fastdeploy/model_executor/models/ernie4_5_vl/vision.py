@@ -8,7 +8,8 @@ qkv = Linear(LayerNorm1(x)), then x += fc2(quick_gelu(fc1(LayerNorm2(x)))); quic
 x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the same frame.
 RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (j < d / 4), pair
 (k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
-being the patch's row and column in its frame.
+being the patch's row and column in its frame. Attention runs in ops/vision_attention.py (the
+compiled `vision_attention` op, or its Paddle reference).
 Parameter names are the checkpoint's under `model.vision_model.`.
 """
 import numpy as np
@@ -20,10 +21,7 @@ from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
-
-# query rows attended at once: bounds the [heads, rows, frame patches] score matrix
-ATTENTION_QUERY_BLOCK = 1024
-
+from fastdeploy.model_executor.ops.vision_attention import vision_attention
 
 def _linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
     return Linear(in_features, {None: out_features}, bias, UnquantizedLinearMethod())
@@ -61,22 +59,11 @@ class VisionAttention(paddle.nn.Layer):
         self.qkv = _linear(hidden, 3 * hidden)
         self.proj = _linear(hidden, hidden)
 
-    def forward(self, x: paddle.Tensor, rope: tuple, frames: list[tuple[int, int]]) -> paddle.Tensor:
-        # x: [N, hidden]; rope: (rows, cos, sin_signed); frames: [start, end) patch rows of each frame
-        n, heads, dim = x.shape[0], self.num_heads, self.head_dim
+    def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
+        # x: [N, hidden]; rope: (rows, cos, sin_signed); cu_seqlens: [frames + 1] patch rows of the frames
         qkv = self.qkv(x)  # [N, 3 hidden] = q heads | k heads | v heads
-        rotary_embedding_(qkv, *rope, heads, heads, dim)
-        qkv = qkv.reshape([n, 3, heads, dim]).transpose([1, 2, 0, 3])  # [3, heads, N, dim]
-        q, k, v = paddle.scale(qkv[0], dim**-0.5), qkv[1], qkv[2]
-        out = []
-        for start, end in frames:
-            k_f, v_f = k[:, start:end], v[:, start:end]
-            for lo in range(start, end, ATTENTION_QUERY_BLOCK):
-                hi = min(end, lo + ATTENTION_QUERY_BLOCK)
-                probs = F.softmax(paddle.matmul(q[:, lo:hi], k_f, transpose_y=True), axis=-1)  # [heads, rows, L]
-                out.append(paddle.matmul(probs, v_f))  # [heads, rows, dim]
-        out = out[0] if len(out) == 1 else paddle.concat(out, axis=1)  # [heads, N, dim]
-        return self.proj(out.transpose([1, 0, 2]).reshape([n, heads * dim]))
+        rotary_embedding_(qkv, *rope, self.num_heads, self.num_heads, self.head_dim)
+        return self.proj(vision_attention(qkv, cu_seqlens, self.num_heads, self.head_dim**-0.5))
 
 
 class VisionMLP(paddle.nn.Layer):
@@ -98,8 +85,8 @@ class VisionBlock(paddle.nn.Layer):
         self.attn = VisionAttention(config.hidden_size, config.num_heads)
         self.mlp = VisionMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: paddle.Tensor, rope: tuple, frames: list) -> paddle.Tensor:
-        x = x + self.attn(self.norm1(x), rope, frames)
+    def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x), rope, cu_seqlens)
         return x + self.mlp(self.norm2(x))
 
 
@@ -137,13 +124,10 @@ class VisionTransformer(paddle.nn.Layer):
         if pixel_values.shape != [expected, self.config.patch_dim]:
             raise ValueError(f"pixel_values has shape {pixel_values.shape}, grid_thw {grid_thw} implies "
                              f"[{expected}, {self.config.patch_dim}]")
-        frames, start = [], 0
-        for t, h, w in grid_thw:
-            for _ in range(t):
-                frames.append((start, start + h * w))
-                start += h * w
+        frame_sizes = [h * w for t, h, w in grid_thw for _ in range(t)]
+        cu_seqlens = paddle.to_tensor(np.concatenate([[0], np.cumsum(frame_sizes)]).astype(np.int64))
         rope = self.rope_tables(grid_thw)
         x = self.patch_embed(pixel_values)  # [N, hidden]
         for block in self.blocks:
-            x = block(x, rope, frames)
+            x = block(x, rope, cu_seqlens)
         return self.ln(x)
