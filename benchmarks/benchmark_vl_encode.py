@@ -98,7 +98,7 @@ def hf_encoder(depth: int):
     return encode
 
 
-def child(engine: str, depth: int, sizes: list[int], repeats: int, out_dir: str) -> None:
+def child(engine: str, depth: int, grids: dict, repeats: int, out_dir: str) -> None:
     if engine == "ours":
         sys.path.insert(0, ROOT)
         import fastdeploy  # noqa: F401  (first: thread count and MKL's CPU type before paddle loads)
@@ -115,8 +115,8 @@ def child(engine: str, depth: int, sizes: list[int], repeats: int, out_dir: str)
     import numpy as np
 
     results = {"threads": threads}
-    for i, size in enumerate(sizes):
-        grid = grid_of(size)
+    for i, (size, grid) in enumerate(grids.items()):
+        size, grid = int(size), tuple(grid)  # JSON keys are strings
         pixels = np.random.default_rng(size).standard_normal((grid[1] * grid[2], 588)).astype(np.float32)
         if i == 0:
             encode(pixels, grid)  # warm-up
@@ -138,11 +138,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--grids", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    if args.child:
-        child(args.child, args.depth, sizes, args.repeats, args.out_dir)
+    if args.child:  # the grids come from the parent: transformers (and torch's OpenMP) stay out of ours
+        child(args.child, args.depth, json.loads(args.grids), args.repeats, args.out_dir)
         return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    grids = json.dumps({size: grid_of(size) for size in sizes})
     import numpy as np
 
     with tempfile.TemporaryDirectory() as out_dir:
@@ -152,8 +154,8 @@ def main():
             if threads is not None:
                 env["BENCH_THREADS"] = str(threads)
             print(f"running {engine} (load average {os.getloadavg()[0]:.2f}) ...", flush=True)
-            subprocess.run([sys.executable, __file__, "--child", engine, "--depth", str(args.depth), "--sizes",
-                            args.sizes, "--repeats", str(args.repeats), "--out-dir", out_dir], check=True, env=env)
+            subprocess.run([sys.executable, __file__, "--child", engine, "--depth", str(args.depth), "--grids",
+                            grids, "--repeats", str(args.repeats), "--out-dir", out_dir], check=True, env=env)
             with open(os.path.join(out_dir, f"{engine}.json")) as f:
                 results[engine] = json.load(f)
             threads = results[engine]["threads"]
