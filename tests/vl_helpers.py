@@ -46,7 +46,7 @@ _IMAGE = {"fd": "{{- 'Picture ' ~ image_count.value ~ ':<|IMAGE_START|><|image@p
 _VIDEO = {"fd": "{{- 'Video ' ~ video_count.value ~ ':<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>' -}}",
           "hf": "{{- 'Video ' ~ video_count.value ~ ':<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>' -}}"}
 _TAIL = (
-    "{%- endfor -%}{%- endif -%}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{%- if message['role'] == 'assistant' -%}{{- '<|end_of_sentence|>' -}}{%- else -%}{{- '\\n' -}}{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '\\nAssistant: ' -}}"
@@ -89,7 +89,7 @@ def tiny_vl_config(**text_overrides):
     from transformers import Ernie4_5_VLMoeConfig
 
     text = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
                 rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [3, 3, 2]},
                 moe_intermediate_size=[32, 16], moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
                 mlp_layer_types=["dense", "sparse"], initializer_range=0.2, eos_token_id=2, bos_token_id=1,
@@ -127,3 +127,29 @@ def load_hf_model(directory):
     from transformers import Ernie4_5_VLMoeForConditionalGeneration
 
     return Ernie4_5_VLMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def color_frames(num_frames: int, height: int = 48, width: int = 64):
+    """[num_frames, height, width, 3] uint8: frame i is a flat colour that encodes i, plus a gradient."""
+    import numpy as np
+
+    frames = np.zeros((num_frames, height, width, 3), dtype=np.uint8)
+    for i in range(num_frames):
+        frames[i, ..., 0] = (i * 37) % 256
+        frames[i, ..., 1] = np.arange(width, dtype=np.uint8)[None, :] * 3
+        frames[i, ..., 2] = np.arange(height, dtype=np.uint8)[:, None] * 5
+    return frames
+
+
+def write_mp4(path, frames, fps: float) -> bytes:
+    """Encode [n, H, W, 3] uint8 frames as a lossless H.264 (RGB) mp4 with imageio-ffmpeg's ffmpeg; returns
+    the file's bytes."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    n, height, width, _ = frames.shape
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt",
+                    "rgb24", "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-c:v", "libx264rgb", "-qp", "0",
+                    str(path)], input=frames.tobytes(), check=True, timeout=60)
+    return Path(path).read_bytes()

@@ -23,8 +23,24 @@ from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
 from fastdeploy.model_executor.ops.vision_attention import vision_attention
 
+ROW_BLOCK = 512
+
+
+class RowBlockedLinearMethod(UnquantizedLinearMethod):
+    """Dense float32 x @ W, in blocks of ROW_BLOCK rows of x: Paddle 3.3's CPU matmul is several times
+    slower on a thousand-plus rows against a large square weight (the resampler's [5120, 5120]) in one
+    call than in row blocks (benchmarks/README.md, benchmark_vl_encode.py). Each row's result is the
+    same computation either way."""
+
+    def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
+        if x.shape[0] <= ROW_BLOCK:
+            return paddle.matmul(x, layer.weight)
+        return paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
+                              for i in range(0, x.shape[0], ROW_BLOCK)])  # [n, in] @ [in, out] -> [n, out]
+
+
 def _linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
-    return Linear(in_features, {None: out_features}, bias, UnquantizedLinearMethod())
+    return Linear(in_features, {None: out_features}, bias, RowBlockedLinearMethod())
 
 
 class LayerNorm(paddle.nn.Layer):
