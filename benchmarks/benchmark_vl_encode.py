@@ -27,7 +27,7 @@ TEXT_HIDDEN = 2560
 RESAMPLER_NAMES = {".fc1.": ".0.", ".fc2.": ".2.", ".ln.": ".3."}  # transformers' names -> the checkpoint's
 
 
-def weight(name: str, shape) -> "np.ndarray":
+def weight(name: str, shape):
     """The benchmark's tensor `name` (checkpoint name, HF [out, in] orientation), the same in both children."""
     import zlib
 

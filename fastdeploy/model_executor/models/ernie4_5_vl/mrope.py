@@ -31,7 +31,7 @@ class MRotaryEmbedding:
     """Same `rotate_` call as layers/rotary_embedding.py RotaryEmbedding, positions [3, n] (or [n])."""
 
     def __init__(self, head_dim: int, rope_theta: float, mrope_section: tuple[int, int, int]):
-        h, w, t = mrope_section
+        h, w, _ = mrope_section  # the t frequencies are the rest
         half = head_dim // 2
         exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
         self.inv_freq = (np.float32(1.0) / (np.float32(rope_theta) ** exponents)).astype(np.float32)  # [half]
