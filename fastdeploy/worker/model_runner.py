@@ -6,7 +6,9 @@ sees an engine `Request`. The batch is ordered by query length (decodes first), 
 backend can attend neighbours of similar length together. A request samples a token only when this
 step brings its whole sequence into the cache (a prompt chunk that leaves tokens for later samples
 nothing). Requests asking for prompt logprobs also get logits at every prompt position of their
-chunk that predicts a prompt token not yet scored.
+chunk that predicts a prompt token not yet scored. A step that schedules image/video placeholder
+tokens hands the model `inputs_embeds` with the encoder's rows there (worker/multimodal.py), and
+input_ids as well (a multimodal MoE routes on them).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
+from fastdeploy.worker.multimodal import inputs_embeds, multimodal_rows, release_encoder_outputs
 from fastdeploy.worker.request_state import CachedRequestState
 from fastdeploy.worker.sampling_inputs import num_logprobs, sampling_metadata
 
@@ -67,13 +70,17 @@ class ModelRunner:
         order = sorted(out.num_scheduled_tokens.items(), key=lambda item: item[1])  # decodes first
         scheduled = [(self.requests[req_id], n) for req_id, n in order]
         (input_ids, positions, meta, logits_indices), samplers, prompt_rows = self._prepare(scheduled)
-        hidden = self.model(input_ids, positions, meta)  # [num_tokens, hidden]
+        mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
+        embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
+        hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
         logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [num_sampled + prompt rows, vocab]
         logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
         if prompt_rows:
             result.prompt_logprobs = self._prompt_logprobs(logits[len(samplers):], prompt_rows)
         for state, n in scheduled:
             state.num_computed_tokens += n
+            if state.encoder_outputs:
+                release_encoder_outputs(state)
         if samplers:
             metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
             sampled = sample(logits[: len(samplers)], metadata)

@@ -28,6 +28,9 @@ class CachedRequestState(TokenSequence):
     token_type_ids: Optional[np.ndarray]
     wants_prompt_logprobs: bool
     num_prompt_logprobs_done: int
+    mm_features: list = field(default_factory=list)  # MultiModalFeature per image/video, in prompt order
+    # encoder output [length, hidden] of each item being prefilled, by index in mm_features (worker/multimodal.py)
+    encoder_outputs: dict = field(default_factory=dict, repr=False)
     prompt_unique: Optional[np.ndarray] = field(default=None, repr=False)  # sorted unique prompt ids, for penalties
 
     @classmethod
@@ -47,6 +50,7 @@ class CachedRequestState(TokenSequence):
             token_type_ids=new.token_type_ids,
             wants_prompt_logprobs=new.wants_prompt_logprobs,
             num_prompt_logprobs_done=new.num_prompt_logprobs_done,
+            mm_features=list(new.mm_features),
         )
 
     def positions_between(self, start: int, end: int) -> np.ndarray:

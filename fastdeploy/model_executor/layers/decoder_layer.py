@@ -10,7 +10,7 @@ q_proj/k_proj/v_proj), self_attn.o_proj.{weight,bias?}, self_attn.{q,k}_norm.wei
 post_attention_layernorm.weight, and the MLP's (layers/mlp.py DenseMLP, or layers/moe.py SparseMoE).
 Optional parts follow ModelConfig: `qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`.
 
-A layer without those optional parts and with a dense MLP is `plain`: layers/fused_decoder_layers.py
+A layer without those optional parts, with a dense MLP and 1-D RoPE is `plain`: layers/fused_decoder_layers.py
 may run it inside the compiled `fd_decoder_layers` op instead of through `forward`.
 """
 from typing import Optional
@@ -74,8 +74,10 @@ class DecoderLayer(paddle.nn.Layer):
         self.self_attn = Attention(config, layer_index, rope, attn_backend, quant_config, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
+        # the fused op rotates with 1-D positions' tables, so M-RoPE layers are never plain
         self.plain = (type(mlp) is DenseMLP and not mlp.has_bias and self.self_attn.q_norm is None
-                      and self.self_attn.qkv_proj.bias is None and self.self_attn.o_proj.bias is None)
+                      and self.self_attn.qkv_proj.bias is None and self.self_attn.o_proj.bias is None
+                      and type(rope) is RotaryEmbedding)
 
     def forward(self, positions: paddle.Tensor, hidden: paddle.Tensor, residual: Optional[paddle.Tensor],
                 forward_meta: ForwardMeta) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -57,26 +57,39 @@ class SparseMoE(paddle.nn.Layer):
 
     def route(self, x: paddle.Tensor) -> Routing:
         """Chosen experts and weights for x [n, hidden]."""
-        logits = np.from_dlpack(self.gate(x)).astype(np.float32)  # [n, E]
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
-        scores = probs
-        if self.moe_statics is not None:
-            scores = probs + np.from_dlpack(self.moe_statics.e_score_correction_bias)[0]
-        experts = np.argsort(-scores, axis=1, kind="stable")[:, : self.top_k]  # ties: lower id, as torch.topk
-        weights = np.take_along_axis(probs, experts, axis=1)
-        if self.normalize:
-            weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), self.norm_min)
-        return Routing(experts, weights.astype(np.float32))
+        bias = None if self.moe_statics is None else np.from_dlpack(self.moe_statics.e_score_correction_bias)[0]
+        return select_experts(np.from_dlpack(self.gate(x)), self.top_k, self.normalize, self.norm_min, bias)
 
     def forward(self, x: paddle.Tensor, token_type_ids: Optional[paddle.Tensor] = None) -> paddle.Tensor:
         """x: [n, hidden] -> [n, hidden]. token_type_ids [n] (0 text, 1 image, 2 video) or None: the
         tokens' modality, for routers that depend on it; these text routers do not read it."""
-        routing = self.route(x)
-        out = np.zeros(x.shape, np.float32)
-        for e in np.unique(routing.experts):
-            tokens, slot = np.nonzero(routing.experts == e)
-            y = self.experts[int(e)](paddle.gather(x, as_paddle(tokens)))  # [tokens, hidden]
-            np.add.at(out, tokens, np.from_dlpack(y) * routing.weights[tokens, slot, None])
-        result = as_paddle(out)
+        result = as_paddle(run_experts(x, self.route(x), self.experts))
         return result + self.shared_experts(x) if self.shared_experts is not None else result
+
+
+def select_experts(logits: np.ndarray, top_k: int, normalize: bool, norm_min: float = 0.0,
+                   correction_bias: Optional[np.ndarray] = None) -> Routing:
+    """Routing of n tokens from router logits [n, E] (float32 math): p = softmax(logits); the top_k
+    experts by p + correction_bias [E] (None: by p), ties to the lower id as torch.topk; weights p
+    of the chosen, divided by max(sum, norm_min) when `normalize`."""
+    logits = logits.astype(np.float32)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    scores = probs if correction_bias is None else probs + correction_bias
+    experts = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(probs, experts, axis=1)
+    if normalize:
+        weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), norm_min)
+    return Routing(experts, weights.astype(np.float32))
+
+
+def run_experts(x: paddle.Tensor, routing: Routing, experts) -> np.ndarray:
+    """sum over each token's chosen experts of weight x experts[e](x) -> [n, hidden] float32 numpy.
+    x: [n, hidden]; experts: indexable by the ids in routing.experts. Each expert runs once, on the
+    tokens routed to it."""
+    out = np.zeros(x.shape, np.float32)
+    for e in np.unique(routing.experts):
+        tokens, slot = np.nonzero(routing.experts == e)
+        y = experts[int(e)](paddle.gather(x, as_paddle(tokens)))  # [tokens, hidden]
+        np.add.at(out, tokens, np.from_dlpack(y) * routing.weights[tokens, slot, None])
+    return out

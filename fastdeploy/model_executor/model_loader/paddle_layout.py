@@ -32,6 +32,13 @@ lizhenyun01/FastDeploy at cb56d46):
   model's loader skips; we skip it too. FastDeploy registers `Ernie4_5_ForCausalLM` (the
   architecture of the dense `-Paddle` configs and of the first `-PT` ones) as an alias of
   `Ernie4_5ForCausalLM`; `paddle_config_to_hf` maps it so our registry finds the model.
+- ERNIE-4.5-VL (`models/ernie4_5_vl/ernie4_5_vl_moe.py` and its `weight_infos` / `weight_vison`):
+  the decoder as above with modality-isolated experts `mlp.experts.{0..2E-1}` (text then vision), the
+  routers `mlp.gate.weight` (text) and `mlp.gate.weight_1` (vision) [hidden, E] -- already so in the
+  PT layout, so kept as they are -- and `mlp.moe_statics.e_score_correction_bias` [2, E]; the vision
+  tower under `vision_model.` (no base prefix: patch_embed.proj, blocks.{j}.{norm1, norm2, attn.qkv,
+  attn.proj, mlp.fc1, mlp.fc2}, ln) and the resampler under `ernie.resampler_model.` (or
+  `resampler_model.`), their 2-D weights [in, out] like every Paddle linear weight.
 - Qwen (`models/qwen2.py`, `qwen3.py`, `qwen3moe.py`): the Paddle layout keeps the HF names
   unfused (q/k/v_proj, gate/up_proj, per-expert gate/up/down_proj) with [in, out] linear weights;
   the Qwen2 base prefix is `qwen2.` (FastDeploy maps HF's `model.` to `qwen2.` only for torch
@@ -82,6 +89,9 @@ _LAYER_RULES = [
     (re.compile(r"mlp\.moe_statics\.e_score_correction_bias"), "same"),
 ]
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+# ERNIE-4.5-VL's encoder parts, with or without the base prefix
+_VISION = re.compile(r"^(?:ernie\.|model\.)?(vision_model\.|resampler_model\.)")
+_ROUTER = re.compile(r"^(?:ernie|model)\.layers\.\d+\.mlp\.gate\.weight(?:_1)?$")
 
 
 def is_paddle_layout(hf_config: dict) -> bool:
@@ -119,10 +129,17 @@ def paddle_to_hf_weights(weights: Iterable[tuple[str, np.ndarray]],
     width does not match the config.
     """
     q_size, kv_size = _split_sizes(hf_config)
+    multimodal = "vision_config" in hf_config  # ERNIE-4.5-VL: routers stay [hidden, E]
     for name, array in weights:
         if _SKIPPED.match(name):
             continue
-        yield from _convert(name, array, q_size, kv_size)
+        encoder = _VISION.match(name)
+        if encoder:  # vision tower and resampler: 2-D weights are linear [in, out], the rest as is
+            yield f"model.{encoder.group(1)}{name[encoder.end():]}", _linear(name, array) if array.ndim == 2 else array
+        elif multimodal and _ROUTER.search(name):
+            yield f"model.{name.split('.', 1)[1]}", array
+        else:
+            yield from _convert(name, array, q_size, kv_size)
 
 
 def _unmappable(name: str, why: str) -> ValueError:

@@ -31,7 +31,8 @@ Run one step:
   hidden = model(input_ids, positions, forward_meta, inputs_embeds=None)   # [num_tokens, hidden]
   logits = model.compute_logits(paddle.gather(hidden, logits_indices))     # [m, vocab] float32
   input_ids: [num_tokens] int64, or None when inputs_embeds [num_tokens, hidden] float32 is given
-  (e.g. `model.embed_input_ids(input_ids)` with multimodal embeddings scattered in); positions:
+  (e.g. `model.embed_input_ids(input_ids)` with multimodal embeddings scattered in; the runner passes
+  input_ids too, which a multimodal MoE routes on); positions:
   [num_tokens] int64 RoPE positions (the model never derives them; M-RoPE will pass [3, num_tokens]);
   hidden: after the final norm. Tokens are the step's ragged batch, request by request.
   forward_meta: forward_meta.ForwardMeta.build(seq_lens_this_time [bs], seq_lens_decoder [bs],
@@ -44,9 +45,13 @@ Run one step:
   num_key_value_heads, block_size, head_dim)` per decoder layer (key/value [num_blocks, kv_heads,
   block_size, head_dim] float32, FastDeploy's layout) and hands the list as `caches`; layer i writes
   this step's K/V into caches[i] at slot_mapping and attends over its blocks.
+Multimodal models also have `embed_multimodal(features)`: multimodal/inputs.py MultiModalFeature list
+  -> one [feature.length, hidden] float32 tensor per feature (the runner's worker/multimodal.py puts
+  them at the placeholder rows of inputs_embeds).
 """
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
+from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
 from fastdeploy.model_executor.models.llama import LlamaForCausalLM
 from fastdeploy.model_executor.models.qwen2 import Qwen2ForCausalLM
 from fastdeploy.model_executor.models.qwen3 import Qwen3ForCausalLM
@@ -59,6 +64,7 @@ MODEL_REGISTRY = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "Ernie4_5_MoeForCausalLM": Ernie4_5_MoeForCausalLM,
+    "Ernie4_5_VLMoeForConditionalGeneration": Ernie4_5_VLMoeForConditionalGeneration,
     # the spelling of Baidu's own (remote-code and Paddle-layout) ERNIE-4.5 configs
     "Ernie4_5_ForCausalLM": Ernie4_5ForCausalLM,
 }

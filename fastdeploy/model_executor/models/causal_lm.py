@@ -1,7 +1,7 @@
 """A decoder-only causal LM as a paddle.nn.Layer tree: embedding -> decoder layers -> RMSNorm, and lm_head.
 
 The runner-facing contract is in models/__init__.py. Model files subclass `CausalLM` with what is
-particular to them: the MLP of each layer (`make_mlp`), the config flags they imply
+particular to them: the MLP of each layer (`make_mlp`), the RoPE (`make_rope`), the config flags they imply
 (`adapt_config`), and any reordering of checkpoint tensors (`transform_weight`).
 """
 import dataclasses
@@ -29,10 +29,9 @@ class DecoderModel(paddle.nn.Layer):
     """
 
     def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
-                 quant_config: Optional[QuantConfig], make_mlp):
+                 quant_config: Optional[QuantConfig], make_mlp, rope):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        rope = RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
         self.attn_backend = select_attention_backend(config.num_attention_heads, config.num_key_value_heads,
                                                      config.head_dim, block_size)
         self.layers = paddle.nn.LayerList([
@@ -66,7 +65,8 @@ class CausalLM(paddle.nn.Layer):
                  quant_config: Optional[QuantConfig] = None):
         super().__init__()
         self.config = config = self.adapt_config(config)
-        self.model = DecoderModel(config, block_size, max_model_len, quant_config, self.make_mlp)
+        self.model = DecoderModel(config, block_size, max_model_len, quant_config, self.make_mlp,
+                                  self.make_rope(config, max_model_len))
         # lm_head W [hidden, vocab]: a transposed copy of the embedding when tied (25% faster GEMM on
         # CPU than the embedding's [vocab, hidden]), or the embedding's GGUF blocks
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
@@ -77,6 +77,10 @@ class CausalLM(paddle.nn.Layer):
                  prefix: str) -> paddle.nn.Layer:
         """The MLP of layer `layer_index`, its checkpoint names under `prefix` (a dense SwiGLU by default)."""
         return DenseMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, quant_config, prefix)
+
+    def make_rope(self, config: ModelConfig, max_model_len: int):
+        """The RoPE shared by all layers (1-D positions by default; layers/rotary_embedding.py)."""
+        return RotaryEmbedding(config.head_dim, config.rope_theta, max_model_len, config.rope_scaling)
 
     def forward(self, input_ids: Optional[paddle.Tensor], positions: paddle.Tensor, forward_meta: ForwardMeta,
                 inputs_embeds: Optional[paddle.Tensor] = None) -> paddle.Tensor:

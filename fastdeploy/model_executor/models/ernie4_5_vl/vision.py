@@ -1,0 +1,150 @@
+"""ERNIE-4.5-VL's vision transformer ("DFNRope" ViT; transformers 5.23
+Ernie4_5_VLMoeVisionTransformerPretrainedModel, FastDeploy dfnrope/modeling.py).
+
+pixel_values [N, C * p * p] (one row per 14 x 14 patch, channel-major, rows in the processor's
+merge-block order: per frame [h / 2, w / 2, 2, 2]) -> patch_embed (Linear, no bias) -> `depth` pre-norm
+blocks -> LayerNorm -> [N, hidden]. A block: x += proj(attention(rope(q), rope(k), v)) over
+qkv = Linear(LayerNorm1(x)), then x += fc2(quick_gelu(fc1(LayerNorm2(x)))); quick_gelu(x) =
+x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the same frame.
+RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (j < d / 4), pair
+(k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
+being the patch's row and column in its frame. Attention runs in ops/vision_attention.py (the
+compiled `vision_attention` op, or its Paddle reference).
+Parameter names are the checkpoint's under `model.vision_model.`.
+"""
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.parameters import empty_parameter
+from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
+from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
+from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
+from fastdeploy.model_executor.ops.vision_attention import vision_attention
+
+ROW_BLOCK = 512
+
+
+class RowBlockedLinearMethod(UnquantizedLinearMethod):
+    """Dense float32 x @ W, in blocks of ROW_BLOCK rows of x: Paddle 3.3's CPU matmul is several times
+    slower on a thousand-plus rows against a large square weight (the resampler's [5120, 5120]) in one
+    call than in row blocks (benchmarks/README.md, benchmark_vl_encode.py). Each row's result is the
+    same computation either way."""
+
+    def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
+        if x.shape[0] <= ROW_BLOCK:
+            return paddle.matmul(x, layer.weight)
+        return paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
+                              for i in range(0, x.shape[0], ROW_BLOCK)])  # [n, in] @ [in, out] -> [n, out]
+
+
+def _linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
+    return Linear(in_features, {None: out_features}, bias, RowBlockedLinearMethod())
+
+
+class LayerNorm(paddle.nn.Layer):
+    """LayerNorm over the last axis with weight and bias (torch.nn.LayerNorm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_parameter([size])
+        self.bias = empty_parameter([size])
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+
+
+def patch_positions(grid_thw: list) -> np.ndarray:
+    """[N, 2] (row, column) of every patch of the items (t, h, w), in merge-block order, frame by frame."""
+    parts = []
+    for t, h, w in grid_thw:
+        rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")  # [h, w]
+        block = (h // 2, 2, w // 2, 2)
+        frame = np.stack([rows.reshape(block).transpose(0, 2, 1, 3).reshape(-1),
+                          cols.reshape(block).transpose(0, 2, 1, 3).reshape(-1)], axis=1)
+        parts.append(np.tile(frame, (t, 1)))
+    return np.concatenate(parts)
+
+
+class VisionAttention(paddle.nn.Layer):
+    def __init__(self, hidden: int, num_heads: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden // num_heads
+        self.qkv = _linear(hidden, 3 * hidden)
+        self.proj = _linear(hidden, hidden)
+
+    def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
+        # x: [N, hidden]; rope: (rows, cos, sin_signed); cu_seqlens: [frames + 1] patch rows of the frames
+        qkv = self.qkv(x)  # [N, 3 hidden] = q heads | k heads | v heads
+        rotary_embedding_(qkv, *rope, self.num_heads, self.num_heads, self.head_dim)
+        return self.proj(vision_attention(qkv, cu_seqlens, self.num_heads, self.head_dim**-0.5))
+
+
+class VisionMLP(paddle.nn.Layer):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.fc1 = _linear(hidden, intermediate)
+        self.fc2 = _linear(intermediate, hidden)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        h = self.fc1(x)
+        return self.fc2(h * F.sigmoid(1.702 * h))  # quick_gelu
+
+
+class VisionBlock(paddle.nn.Layer):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.norm1 = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.norm2 = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        self.attn = VisionAttention(config.hidden_size, config.num_heads)
+        self.mlp = VisionMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x), rope, cu_seqlens)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(paddle.nn.Layer):
+    def __init__(self, patch_dim: int, hidden: int):
+        super().__init__()
+        self.proj = _linear(patch_dim, hidden, bias=False)
+
+    def forward(self, pixel_values: paddle.Tensor) -> paddle.Tensor:
+        return self.proj(pixel_values)
+
+
+class VisionTransformer(paddle.nn.Layer):
+    def __init__(self, config: VisionConfig):
+        super().__init__()
+        self.config = config
+        self.patch_embed = PatchEmbed(config.patch_dim, config.hidden_size)
+        self.blocks = paddle.nn.LayerList([VisionBlock(config) for _ in range(config.depth)])
+        self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps)
+        head_dim = config.hidden_size // config.num_heads
+        quarter = np.arange(0, head_dim // 2, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim // 2)
+        self.inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** quarter)).astype(np.float32)  # [d / 4]
+
+    def rope_tables(self, grid_thw: list) -> tuple:
+        """(rows [N], cos [N, d], sin_signed [N, d]) of every patch of the items."""
+        positions = patch_positions(grid_thw).astype(np.float32)  # [N, 2]
+        angles = np.concatenate([positions[:, :1] * self.inv_freq, positions[:, 1:] * self.inv_freq], axis=1)
+        cos, sin_signed = rotation_tables(angles)  # [N, d / 2] angles -> [N, d]
+        return paddle.arange(positions.shape[0], dtype="int64"), cos, sin_signed
+
+    def forward(self, pixel_values: paddle.Tensor, grid_thw: list) -> paddle.Tensor:
+        """pixel_values [N, C * p * p] float32, grid_thw [(t, h, w)] per item (N = sum t * h * w)
+        -> [N, hidden]. ValueError when the rows do not match the grids."""
+        expected = sum(t * h * w for t, h, w in grid_thw)
+        if pixel_values.shape != [expected, self.config.patch_dim]:
+            raise ValueError(f"pixel_values has shape {pixel_values.shape}, grid_thw {grid_thw} implies "
+                             f"[{expected}, {self.config.patch_dim}]")
+        frame_sizes = [h * w for t, h, w in grid_thw for _ in range(t)]
+        cu_seqlens = as_paddle(np.concatenate([[0], np.cumsum(frame_sizes)]).astype(np.int64))
+        rope = self.rope_tables(grid_thw)
+        x = self.patch_embed(pixel_values)  # [N, hidden]
+        for block in self.blocks:
+            x = block(x, rope, cu_seqlens)
+        return self.ln(x)
