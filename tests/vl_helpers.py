@@ -1,0 +1,129 @@
+"""A tiny random ERNIE-4.5-VL checkpoint built by transformers, shared by the VL tests (input side and model).
+
+`build_tiny_vl(directory, template="fd")` writes an HF-layout directory (`save_pretrained` of
+`Ernie4_5_VLMoeForConditionalGeneration`: nested config.json, model.safetensors in the original PT key
+layout) with a byte-level BPE tokenizer holding ERNIE-4.5-VL's special tokens (ids 0..12, below) and a
+chat template:
+  - "fd": FastDeploy/Paddle style: an image part renders `Picture n:<|IMAGE_START|><|image@placeholder|>
+    <|IMAGE_END|>`, a video part `Video n:<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>`;
+  - "hf": transformers' style: a single `<|IMAGE_PLACEHOLDER|>` / `<|VIDEO_PLACEHOLDER|>` inside the
+    START/END tokens (the processor expands it).
+Both end with `\\nAssistant: ` and `<think>\\n\\n</think>\\n\\n` unless `enable_thinking` is true
+(then `<think>\\n`). Recipe: ../shared/reference/ernie-4.5-vl.md §13.
+Norm weights, biases and MoE correction biases are randomised so that a wrong routing or a dropped
+bias shows in the logits.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|begin_of_sentence|>", "<|end_of_sentence|>", "<|IMAGE_PLACEHOLDER|>",
+            "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_PLACEHOLDER|>", "<|VIDEO_START|>", "<|VIDEO_END|>",
+            "<think>", "</think>"]
+TOKEN_IDS = dict(image_token_id=5, image_start_token_id=6, image_end_token_id=7, video_token_id=8,
+                 video_start_token_id=9, video_end_token_id=10)
+VOCAB_SIZE = 512
+CORPUS = ["User: What is in the picture? Describe the image and the video in detail.",
+          "Assistant: A cat sits on a red chair next to a window. The video shows a dog running.",
+          "Picture 1: Video 2: time: 00:00:01.50 what colour, which animal, how many frames?",
+          "The quick brown fox jumps over the lazy dog. 0123456789 abcdefghijklmnopqrstuvwxyz"]
+
+_HEAD = (
+    "{%- if not add_generation_prompt is defined -%}{%- set add_generation_prompt = true -%}{%- endif -%}"
+    "{{- '<|begin_of_sentence|>' -}}"
+    "{%- set image_count = namespace(value=0) -%}{%- set video_count = namespace(value=0) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- 'User: ' -}}"
+    "{%- elif message['role'] == 'assistant' -%}{{- 'Assistant: ' -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] in ('image', 'image_url') -%}{%- set image_count.value = image_count.value + 1 -%}"
+)
+_IMAGE = {"fd": "{{- 'Picture ' ~ image_count.value ~ ':<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>' -}}",
+          "hf": "{{- 'Picture ' ~ image_count.value ~ ':<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>' -}}"}
+_VIDEO = {"fd": "{{- 'Video ' ~ video_count.value ~ ':<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>' -}}",
+          "hf": "{{- 'Video ' ~ video_count.value ~ ':<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>' -}}"}
+_TAIL = (
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{{- '<|end_of_sentence|>' -}}{%- else -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '\\nAssistant: ' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<think>\\n' -}}"
+    "{%- else -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+
+
+def chat_template(style: str) -> str:
+    """The tiny checkpoint's chat template in `style` "fd" or "hf" (see the module docstring)."""
+    video = "{%- elif part['type'] in ('video', 'video_url') -%}{%- set video_count.value = video_count.value + 1 -%}"
+    return _HEAD + _IMAGE[style] + video + _VIDEO[style] + _TAIL
+
+
+def build_tokenizer(template: str = "fd"):
+    """A transformers PreTrainedTokenizerFast (byte-level BPE, VOCAB_SIZE at most) with the VL specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - 64, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(CORPUS * 10, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        extra_special_tokens={"image_token": "<|IMAGE_PLACEHOLDER|>", "image_start_token": "<|IMAGE_START|>",
+                              "image_end_token": "<|IMAGE_END|>", "video_token": "<|VIDEO_PLACEHOLDER|>",
+                              "video_start_token": "<|VIDEO_START|>", "video_end_token": "<|VIDEO_END|>"},
+    )
+    tokenizer.chat_template = chat_template(template)
+    for name, token_id in TOKEN_IDS.items():
+        assert tokenizer.convert_tokens_to_ids(SPECIALS[token_id]) == token_id, name
+    return tokenizer
+
+
+def tiny_vl_config(**text_overrides):
+    """transformers' Ernie4_5_VLMoeConfig of the tiny model (2 text layers: dense then sparse)."""
+    from transformers import Ernie4_5_VLMoeConfig
+
+    text = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [3, 3, 2]},
+                moe_intermediate_size=[32, 16], moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
+                mlp_layer_types=["dense", "sparse"], initializer_range=0.2, eos_token_id=2, bos_token_id=1,
+                pad_token_id=0)
+    text.update(text_overrides)
+    vision = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=14,
+                  spatial_merge_size=2, temporal_merge_size=2, initializer_range=0.2)
+    return Ernie4_5_VLMoeConfig(text_config=text, vision_config=vision, **TOKEN_IDS)
+
+
+def build_tiny_vl(directory, template: str = "fd", seed: int = 0) -> Path:
+    """Write the tiny random checkpoint (model + tokenizer + template) to `directory`; returns it."""
+    import torch
+    from transformers import Ernie4_5_VLMoeForConditionalGeneration
+
+    directory = Path(directory)
+    torch.manual_seed(seed)
+    model = Ernie4_5_VLMoeForConditionalGeneration(tiny_vl_config()).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or name.endswith((".ln.weight", "correction_bias")):
+                param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("weight") else 0.0))
+        for name, buffer in model.named_buffers():
+            if "correction_bias" in name:
+                buffer.copy_(torch.randn_like(buffer) * 0.3)
+    model.save_pretrained(directory)
+    build_tokenizer(template).save_pretrained(directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "bos_token_id": 1}))
+    return directory
+
+
+def load_hf_model(directory):
+    """transformers' model on the same checkpoint, float32, eval (the oracle)."""
+    import torch
+    from transformers import Ernie4_5_VLMoeForConditionalGeneration
+
+    return Ernie4_5_VLMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
