@@ -26,7 +26,8 @@ NOT_REQUIREMENTS = {"paddle"}  # import names setup.py must not declare (see the
 # package may be absent here
 DISTRIBUTIONS = {"google.protobuf": "protobuf", "yaml": "pyyaml", "sentencepiece": "sentencepiece",
                  "ray": "ray", "jinja2": "jinja2", "gguf": "gguf", "safetensors": "safetensors",
-                 "tokenizers": "tokenizers", "transformers": "transformers", "numpy": "numpy", "tqdm": "tqdm"}
+                 "tokenizers": "tokenizers", "transformers": "transformers", "numpy": "numpy", "tqdm": "tqdm",
+                 "PIL": "pillow", "decord": "decord", "fontpkg_roboto": "fontpkg-roboto"}
 # what an extra is for, which no import in fastdeploy/ shows: transformers' import_protobuf reads a
 # sentencepiece tokenizer.model with protobuf, or with sentencepiece's schema where installed
 INDIRECT = {"ernie": {"protobuf", "sentencepiece"}}

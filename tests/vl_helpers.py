@@ -127,3 +127,29 @@ def load_hf_model(directory):
     from transformers import Ernie4_5_VLMoeForConditionalGeneration
 
     return Ernie4_5_VLMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def color_frames(num_frames: int, height: int = 48, width: int = 64):
+    """[num_frames, height, width, 3] uint8: frame i is a flat colour that encodes i, plus a gradient."""
+    import numpy as np
+
+    frames = np.zeros((num_frames, height, width, 3), dtype=np.uint8)
+    for i in range(num_frames):
+        frames[i, ..., 0] = (i * 37) % 256
+        frames[i, ..., 1] = np.arange(width, dtype=np.uint8)[None, :] * 3
+        frames[i, ..., 2] = np.arange(height, dtype=np.uint8)[:, None] * 5
+    return frames
+
+
+def write_mp4(path, frames, fps: float) -> bytes:
+    """Encode [n, H, W, 3] uint8 frames as a lossless H.264 (RGB) mp4 with imageio-ffmpeg's ffmpeg; returns
+    the file's bytes."""
+    import subprocess
+
+    import imageio_ffmpeg
+
+    n, height, width, _ = frames.shape
+    subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-f", "rawvideo", "-pix_fmt",
+                    "rgb24", "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-c:v", "libx264rgb", "-qp", "0",
+                    str(path)], input=frames.tobytes(), check=True, timeout=60)
+    return Path(path).read_bytes()
