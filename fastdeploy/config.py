@@ -56,6 +56,7 @@ class ModelConfig:
         architectures = hf.get("architectures") or []
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
+        original, hf = hf, {**(hf.get("text_config") or {}), **hf}  # transformers' VL configs nest the decoder's
         try:
             heads = hf["num_attention_heads"]
             theta, scaling = _rope_settings(hf)
@@ -76,7 +77,7 @@ class ModelConfig:
                 attention_bias=bool(hf.get("attention_bias", False)),
                 mlp_bias=bool(hf.get("mlp_bias", False)),
                 use_bias=bool(hf.get("use_bias", False)),
-                hf_config=dict(hf),
+                hf_config=dict(original),
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
@@ -126,3 +127,5 @@ class FDConfig:
     max_logprobs: Optional[int] = 20  # most logprobs a request may ask for; -1 = vocabulary; None = off
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs", see EngineArgs
     reasoning_parser: Optional[str] = None  # a name of fastdeploy.reasoning, or None
+    mm_processor_kwargs: Optional[dict] = None  # multimodal preprocessing settings (input/vl_processor.py)
+    limit_mm_per_prompt: Optional[dict] = None  # items per prompt per modality, merged over 1 each
