@@ -32,10 +32,10 @@ MAX_ASPECT_RATIO = 200
 
 def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int = IMAGE_MIN_PIXELS,
                  max_pixels: int = IMAGE_MAX_PIXELS) -> tuple[int, int]:
-    """(height, width) to resize to: multiples of `factor` with min_pixels <= h * w <= max_pixels.
+    """(height, width) to resize to: multiples of `factor` with h * w in [min_pixels, max_pixels].
 
-    Raises ValueError for a non-positive side, min_pixels > max_pixels, or when no such size exists
-    (max_pixels below factor**2)."""
+    Like transformers, the result may fall just outside the range where rounding to the factor cannot
+    meet it (FastDeploy raises then). Raises ValueError for a non-positive side or min_pixels > max_pixels."""
     if height <= 0 or width <= 0:
         raise ValueError(f"image size must be positive, got height={height}, width={width}")
     if not 0 < min_pixels <= max_pixels:
@@ -54,9 +54,6 @@ def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int 
         beta = math.sqrt(min_pixels / (height * width))
         h = math.ceil(height * beta / factor) * factor
         w = math.ceil(width * beta / factor) * factor
-    if not min_pixels <= h * w <= max_pixels:
-        raise ValueError(f"an image of {height}x{width} cannot be resized to multiples of {factor} within "
-                         f"[min_pixels={min_pixels}, max_pixels={max_pixels}]: got {h}x{w}")
     return h, w
 
 
