@@ -89,7 +89,7 @@ def tiny_vl_config(**text_overrides):
     from transformers import Ernie4_5_VLMoeConfig
 
     text = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
                 rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [3, 3, 2]},
                 moe_intermediate_size=[32, 16], moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
                 mlp_layer_types=["dense", "sparse"], initializer_range=0.2, eos_token_id=2, bos_token_id=1,
