@@ -53,10 +53,13 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, hf: dict) -> "ModelConfig":
+        """The decoder's settings from config.json; a multimodal config's nested `text_config` (HF's
+        vision-language layout) is read as if its keys were at the top level."""
+        if isinstance(hf.get("text_config"), dict):
+            hf = {**hf, **hf["text_config"]}
         architectures = hf.get("architectures") or []
         if not architectures:
             raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
-        original, hf = hf, {**(hf.get("text_config") or {}), **hf}  # transformers' VL configs nest the decoder's
         try:
             heads = hf["num_attention_heads"]
             theta, scaling = _rope_settings(hf)
@@ -77,7 +80,7 @@ class ModelConfig:
                 attention_bias=bool(hf.get("attention_bias", False)),
                 mlp_bias=bool(hf.get("mlp_bias", False)),
                 use_bias=bool(hf.get("use_bias", False)),
-                hf_config=dict(original),
+                hf_config=dict(hf),
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
@@ -89,7 +92,10 @@ class ModelConfig:
         hf = self.hf_config
         experts = hf.get("num_experts") or hf.get("num_local_experts") or hf.get("moe_num_experts") or 0
         shared = self.hf_config.get("moe_num_shared_experts", 0)
-        mlp = 3 * h * max(self.intermediate_size, (experts + shared) * self.hf_config.get("moe_intermediate_size", 0))
+        inter = hf.get("moe_intermediate_size", 0)
+        if isinstance(inter, list):  # ERNIE-4.5-VL: [text, vision] sizes, experts per modality
+            experts, inter = sum(experts) if isinstance(experts, list) else 2 * experts, max(inter)
+        mlp = 3 * h * max(self.intermediate_size, (experts + shared) * inter)
         per_layer = attention + mlp + 2 * h  # every layer counted as MoE when the model has experts
         return dtype_bytes * (self.num_hidden_layers * per_layer + 2 * self.vocab_size * h + h)
 

@@ -275,10 +275,10 @@ class VLInputProcessor(InputProcessor):
                 raise ValueError(f"the prompt{where} has {placed} {modality} placeholder(s) but {given} {modality}(s) "
                                  f"were given: each {modality} needs one {IMAGE_MARKER if modality == 'image' else VIDEO_MARKER} "
                                  "(or placeholder token) in the prompt")
-        queues = {m: iter(getattr(mm_data, m)) for m in MODALITIES}
+        queues = {m: enumerate(getattr(mm_data, m)) for m in MODALITIES}
         items = []
-        for n, (_, _, modality) in enumerate(marks):
-            source = next(queues[modality])
+        for _, _, modality in marks:
+            n, source = next(queues[modality])
             items.append(self._image(source, n, where) if modality == "image" else self._video(source, n, where))
         return items
 

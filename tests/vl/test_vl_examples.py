@@ -7,7 +7,7 @@ they print their outputs. With the ERNIE-4.5-VL model registered (model_executor
 import runpy
 import sys
 
-from conftest import RecordingExecutor, random_image
+from vl_fakes import RecordingExecutor, random_image
 from vl_helpers import color_frames, write_mp4
 
 EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"

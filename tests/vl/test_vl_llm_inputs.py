@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import RecordingExecutor, random_image
+from vl_fakes import RecordingExecutor, random_image
 from fastdeploy import SamplingParams
 from fastdeploy.input.image_processor import preprocess_image
 from vl_helpers import TOKEN_IDS, color_frames, write_mp4

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import random_image
+from vl_fakes import random_image
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input.vl_processor import IMAGE_MARKER, VIDEO_MARKER, MultiModalData, VLInputProcessor, VLSettings
@@ -218,3 +218,28 @@ def test_mm_processor_kwargs_take_effect(vl_dir):
     out = proc.process(prompt(picture(1)), None, SamplingParams(max_tokens=2), 0,
                        MultiModalData(image=[random_image(400, 400)]))
     assert out.mm_features[0].grid_thw == (1, 4, 4) and out.mm_features[0].length == 4
+
+
+def test_paddle_layout_ids_video_uses_the_image_placeholder(vl_dir, tmp_path, video_file):
+    """FastDeploy's -Paddle configs name `im_patch_id` only: videos take the image placeholder id, the
+    delimiters come from the tokenizer, and a placeholder run after <|VIDEO_START|> is a video."""
+    import shutil
+
+    paddle_dir = tmp_path / "paddle_style"
+    shutil.copytree(vl_dir, paddle_dir)
+    config = json.loads((paddle_dir / "config.json").read_text())
+    for key in TOKEN_IDS:
+        config.pop(key)
+    config["im_patch_id"] = IMAGE
+    (paddle_dir / "config.json").write_text(json.dumps(config))
+    proc = make_processor(paddle_dir, mm_processor_kwargs=TINY_VIDEO)
+    ids = proc.token_ids
+    assert (ids.image, ids.video, ids.image_start, ids.video_end) == (IMAGE, IMAGE, 6, 10)
+    text = prompt(picture(1), f"<|VIDEO_START|>{VIDEO_MARKER}<|VIDEO_END|>")
+    data = MultiModalData(image=[random_image(56, 56)], video=[str(video_file)])
+    out = proc.process(text, None, SamplingParams(max_tokens=2), 0, data)
+    assert [f.modality for f in out.mm_features] == ["image", "video"]
+    assert VIDEO not in out.prompt_token_ids and out.token_type_ids.tolist().count(2) == out.mm_features[1].length
+    again = proc.process(None, out.prompt_token_ids, SamplingParams(max_tokens=2), 0, data)  # ids: by delimiter
+    assert [f.modality for f in again.mm_features] == ["image", "video"]
+    np.testing.assert_array_equal(again.positions, out.positions)

@@ -11,7 +11,7 @@ from fastdeploy.engine.request import Request
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler, whole_items_chunk
 from fastdeploy.multimodal.inputs import MultiModalFeature
-from fake_model_vl import apply_step
+from vl_fakes import apply_step
 
 PLACEHOLDER = 5
 BS = 4
