@@ -201,3 +201,20 @@ def test_two_images_and_chat_template_kwargs(recording_llm, image_file):
     assert out.prompt.endswith("Assistant: <think>\n") and "Picture 2:" in out.prompt
     a, b = RecordingExecutor.sent[0].mm_features
     assert a.mm_hash == b.mm_hash and b.offset > a.offset + a.length
+
+
+def test_prefix_cache_hits_follow_the_image(recording_llm, tmp_path):
+    """Same text, same image: the image's blocks are served from the cache; another image: only the
+    whole blocks before it."""
+    llm = recording_llm(block_size=4, max_model_len=256)
+    for name, seed in (("a", 1), ("b", 2)):
+        random_image(60, 90, seed).save(tmp_path / f"{name}.png")
+    first = llm.chat(ask(image_part(str(tmp_path / "a.png"))), PARAMS, use_tqdm=False)[0]
+    same = llm.chat(ask(image_part(str(tmp_path / "a.png"))), PARAMS, use_tqdm=False)[0]
+    other = llm.chat(ask(image_part(str(tmp_path / "b.png"))), PARAMS, use_tqdm=False)[0]
+    assert first.prompt_token_ids == same.prompt_token_ids == other.prompt_token_ids  # placeholders alike
+    offset = RecordingExecutor.sent[0].mm_features[0].offset
+    n = len(first.prompt_token_ids)
+    assert first.num_cached_tokens == 0
+    assert same.num_cached_tokens == (n - 1) // 4 * 4
+    assert other.num_cached_tokens == offset // 4 * 4 < offset + 6
