@@ -151,8 +151,10 @@ class LLM:
         applied with the generation prompt; the input processor tokenizes it without special tokens.
         Media parts are counted against the limits, then fetched (all before any request is queued)."""
         processor = self.llm_engine.input_processor
-        text = chat_utils.render_conversation(self.get_tokenizer(), conversation, template, chat_template_kwargs, index)
         parts = chat_utils.media_parts(conversation)
+        if parts and not processor.accepts_multimodal:
+            raise ValueError(f"conversation {index} holds image/video parts, but this model takes text only")
+        text = chat_utils.render_conversation(self.get_tokenizer(), conversation, template, chat_template_kwargs, index)
         if not parts:
             return text, None, None
         processor.check_limits({m: sum(1 for kind, _ in parts if kind == m) for m in ("image", "video")}, index)

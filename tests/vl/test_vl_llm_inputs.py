@@ -218,3 +218,29 @@ def test_prefix_cache_hits_follow_the_image(recording_llm, tmp_path):
     assert first.num_cached_tokens == 0
     assert same.num_cached_tokens == (n - 1) // 4 * 4
     assert other.num_cached_tokens == offset // 4 * 4 < offset + 6
+
+
+
+def test_run_batch_with_image_parts(vl_dir, recording_llm, image_file, tmp_path, smollm_path):
+    """run-batch takes the same chat parts (limits and all); a text model answers them with an error record."""
+    import json
+
+    from fastdeploy.entrypoints.batch.runner import run_job
+
+    _, path = image_file
+    rows = [{"custom_id": "one", "url": "/v1/chat/completions",
+             "body": {"messages": ask(image_part(str(path))), "max_tokens": 2}},
+            {"custom_id": "two", "url": "/v1/chat/completions",
+             "body": {"messages": ask(image_part(str(path)), image_part(str(path))), "max_tokens": 2}}]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recording_llm()  # installs the recording executor for the LLM run_job builds
+    kwargs = {"max_model_len": 1024, "num_gpu_blocks_override": 80, "block_size": 16}
+    run_job(str(inp), str(tmp_path / "vl.jsonl"), {"model": str(vl_dir), **kwargs}, use_tqdm=False)
+    records = {r["custom_id"]: r for r in map(json.loads, (tmp_path / "vl.jsonl").read_text().splitlines())}
+    assert records["one"]["error"] is None and records["one"]["response"]["status_code"] == 200
+    assert "Too many image items" in records["two"]["error"]["message"]
+    assert len(RecordingExecutor.sent) == 1 and RecordingExecutor.sent[0].mm_features[0].length == 6
+    run_job(str(inp), str(tmp_path / "text.jsonl"), {"model": smollm_path, "max_model_len": 512}, use_tqdm=False)
+    text_records = [json.loads(line) for line in (tmp_path / "text.jsonl").read_text().splitlines()]
+    assert len(text_records) == 2 and all("takes text only" in r["error"]["message"] for r in text_records)
