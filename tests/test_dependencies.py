@@ -26,7 +26,8 @@ NOT_REQUIREMENTS = {"paddle"}  # import names setup.py must not declare (see the
 # package may be absent here
 DISTRIBUTIONS = {"google.protobuf": "protobuf", "yaml": "pyyaml", "sentencepiece": "sentencepiece",
                  "ray": "ray", "jinja2": "jinja2", "gguf": "gguf", "safetensors": "safetensors",
-                 "tokenizers": "tokenizers", "transformers": "transformers", "numpy": "numpy", "tqdm": "tqdm"}
+                 "tokenizers": "tokenizers", "transformers": "transformers", "numpy": "numpy", "tqdm": "tqdm",
+                 "PIL": "pillow", "decord": "decord", "fontpkg_roboto": "fontpkg-roboto"}
 # what an extra is for, which no import in fastdeploy/ shows: transformers' import_protobuf reads a
 # sentencepiece tokenizer.model with protobuf, or with sentencepiece's schema where installed
 INDIRECT = {"ernie": {"protobuf", "sentencepiece"}}
@@ -116,7 +117,7 @@ def test_extras_named_by_messages_exist_and_cover_their_packages():
     named = set()
     for path in PACKAGE.rglob("*.py"):
         named |= set(re.findall(r"fastdeploy\[([a-z0-9_-]+)\]", path.read_text(encoding="utf-8")))
-    assert named >= {"ray", "ernie"}
+    assert named >= {"ray", "ernie", "vl"}
     assert named <= set(extras), f"messages name extras setup.py lacks: {named - set(extras)}"
     assert "ray" in extras["ray"]
     for extra, packages in INDIRECT.items():
@@ -130,7 +131,8 @@ def test_extras_named_by_messages_exist_and_cover_their_packages():
 # ModuleNotFoundError and importlib.util.find_spec(name) returns None (which is how transformers
 # decides whether sentencepiece, protobuf, torch, ... are available). A meta_path finder that raised
 # instead would break those find_spec checks, which real absence does not.
-OPTIONAL = ["sentencepiece", "ray", "pandas", "pyarrow", "torch", "accelerate", "scipy", "pytest"]
+OPTIONAL = ["sentencepiece", "ray", "pandas", "pyarrow", "torch", "accelerate", "scipy", "pytest", "decord",
+            "fontpkg_roboto", "imageio_ffmpeg"]
 
 CHILD = r"""
 import json, pkgutil, sys, importlib
@@ -157,6 +159,8 @@ def error_of(call):
 
 from fastdeploy.entrypoints.batch.ray_workers import RayWorkers
 ray_error = error_of(lambda: RayWorkers({"model": sys.argv[2]}, 1))
+from fastdeploy.input.video_processor import open_video, timestamp_font
+vl_errors = [error_of(lambda: open_video(b"x")), error_of(lambda: timestamp_font(10))]
 
 # protobuf cannot be absent where paddle is installed (paddle requires it, and it is loaded by now):
 # hide it from everything imported from here on, as an environment without it would
@@ -166,7 +170,7 @@ sys.modules["google.protobuf"] = None
 from fastdeploy.input.tokenizer_loader import load_model_tokenizer
 ernie_error = error_of(lambda: load_model_tokenizer(sys.argv[3]))
 print(json.dumps({"failed": failed, "imported": imported, "loaded": loaded,
-                  "ray_error": ray_error, "ernie_error": ernie_error}))
+                  "ray_error": ray_error, "ernie_error": ernie_error, "vl_errors": vl_errors}))
 """
 
 
@@ -197,6 +201,7 @@ def test_without_optional_packages_everything_imports_and_features_name_their_ex
             assert name in modules, name
     assert found["ray_error"] and 'pip install "fastdeploy[ray]"' in found["ray_error"], found["ray_error"]
     assert found["ernie_error"] and 'pip install "fastdeploy[ernie]"' in found["ernie_error"], found["ernie_error"]
+    assert all(e and 'pip install "fastdeploy[vl]"' in e for e in found["vl_errors"]), found["vl_errors"]
 
 
 def test_sentencepiece_alone_is_not_needed_for_an_ernie_tokenizer(ernie_dir):

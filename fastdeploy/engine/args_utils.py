@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,6 +66,15 @@ class EngineArgs:
             and vLLM's: the model's logits, before penalties, masks and temperature) or
             "processed_logprobs" (after penalties, masks and temperature; before top-k/top-p/min-p).
             Prompt logprobs are always raw.
+        mm_processor_kwargs: image/video preprocessing of multimodal checkpoints, FastDeploy's keys
+            (`image_min_pixels`, `image_max_pixels`, `video_min_pixels`, `video_max_pixels`, `video_fps`,
+            `video_min_frames`, `video_max_frames`, `video_target_frames`, `video_frames_sample`,
+            `spatial_conv_size`, `temporal_conv_size`); an unknown key or a wrong type is a ValueError
+            (FastDeploy logs and ignores it). See input/vl_processor.py.
+        limit_mm_per_prompt: most items of each modality one prompt may hold, merged over FastDeploy's
+            default {"image": 1, "video": 1, "audio": 1}; chat `image_url`/`video_url` parts count too.
+        enable_mm: deprecated and ignored, as in FastDeploy (a DeprecationWarning): whether a model
+            takes images is decided by its architecture (input/processors.py).
     """
 
     model: Optional[str] = None
@@ -86,6 +96,9 @@ class EngineArgs:
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
     reasoning_parser: Optional[str] = None
+    mm_processor_kwargs: Optional[dict] = None
+    limit_mm_per_prompt: Optional[dict] = None
+    enable_mm: Optional[bool] = None
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -130,6 +143,18 @@ class EngineArgs:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_budget_covers_decodes()
+        self._check_multimodal_settings()
+
+    def _check_multimodal_settings(self) -> None:
+        from fastdeploy.input.vl_processor import VLSettings, merge_mm_limits
+
+        if self.mm_processor_kwargs is not None and not isinstance(self.mm_processor_kwargs, dict):
+            raise ValueError(f"mm_processor_kwargs must be a dict, got {type(self.mm_processor_kwargs).__name__}")
+        VLSettings.from_kwargs(self.mm_processor_kwargs)
+        merge_mm_limits(self.limit_mm_per_prompt)
+        if self.enable_mm is not None:
+            warnings.warn("enable_mm is deprecated and ignored: multimodal support follows the model's "
+                          "architecture", DeprecationWarning, stacklevel=5)
 
     def token_budget(self) -> int:
         """max_num_batched_tokens, or its default when None (see the class docstring)."""
@@ -207,6 +232,8 @@ class EngineArgs:
             max_logprobs=self.max_logprobs if self.enable_logprob else None,
             logprobs_mode=self.logprobs_mode,
             reasoning_parser=self.reasoning_parser,
+            mm_processor_kwargs=self.mm_processor_kwargs,
+            limit_mm_per_prompt=self.limit_mm_per_prompt,
         )
 
 

@@ -26,7 +26,8 @@ from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.executor import Executor, InProcessExecutor
-from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt
+from fastdeploy.input.input_processor import PreparedPrompt
+from fastdeploy.input.processors import make_input_processor
 from fastdeploy.output.output_processor import OutputProcessor
 from fastdeploy.platforms.cpu import set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
@@ -38,7 +39,7 @@ class LLMEngine:
     def __init__(self, fd_config: FDConfig, tokenizer, executor: Executor):
         self.config = fd_config
         self.tokenizer = tokenizer
-        self.input_processor = InputProcessor(fd_config, tokenizer)
+        self.input_processor = make_input_processor(fd_config, tokenizer)
         sc = fd_config.scheduler_config
         self.block_pool = BlockPool(fd_config.cache_config.num_blocks)
         self.scheduler = Scheduler(
@@ -72,9 +73,10 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------
     def make_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
-                     index: Optional[int] = None) -> PreparedPrompt:
-        """Validate one prompt (not yet queued). Raises ValueError/TypeError naming prompt `index`."""
-        return self.input_processor.process(prompt, prompt_token_ids, params, index)
+                     index: Optional[int] = None, mm_data=None) -> PreparedPrompt:
+        """Validate one prompt (not yet queued), with its images/videos (input/vl_processor.py
+        MultiModalData) if any. Raises ValueError/TypeError naming prompt `index`."""
+        return self.input_processor.process(prompt, prompt_token_ids, params, index, mm_data)
 
     def enqueue(self, prepared: PreparedPrompt) -> str:
         """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id."""
@@ -87,7 +89,8 @@ class LLMEngine:
             self.scheduler.add_request(Request(
                 request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=params,
                 positions=prepared.positions, eos_token_ids=self.eos_token_ids, index=i,
-                bad_words_token_ids=prepared.bad_words_token_ids,
+                bad_words_token_ids=prepared.bad_words_token_ids, token_type_ids=prepared.token_type_ids,
+                mm_features=prepared.mm_features,
             ))
         return group_id
 

@@ -125,6 +125,8 @@ class RequestOutput:
         finished: whether generation has ended.
         metrics: timings.
         num_cached_tokens: prompt tokens served from the prefix cache (0 when it is off).
+        num_input_image_tokens: prompt tokens standing for images (FastDeploy's field; 0 for text).
+        num_input_video_tokens: prompt tokens standing for videos.
         error_code: 200 on success, 500 when the request failed at run time (its output then holds
             what was generated before the failure, finish_reason "abort").
         error_msg: what went wrong, or None.
@@ -138,6 +140,8 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: Optional[list[Optional[LogprobsDict]]] = None
     num_cached_tokens: int = 0
+    num_input_image_tokens: int = 0
+    num_input_video_tokens: int = 0
     error_code: int = 200
     error_msg: Optional[str] = None
 
@@ -191,7 +195,7 @@ class Request(TokenSequence):
     num_blocks_sent: Optional[int] = None  # blocks the runner knows; None: send the request in full
     num_preemptions: int = 0
     num_prompt_logprobs_done: int = 1  # prompt positions scored so far (position 0 has none)
-    extra_keys: tuple = ()  # mixed into every block hash (multimodal item hashes; () for text)
+    extra_keys: tuple = ()  # mixed into every block hash; an item's mm_hash goes into the blocks it overlaps
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission

@@ -9,6 +9,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+MEDIA_PARTS = {"image_url": "image", "video_url": "video"}  # content part type -> modality
 
 
 def is_conversation(messages) -> bool:
@@ -16,8 +17,9 @@ def is_conversation(messages) -> bool:
     return isinstance(messages, list) and (not messages or isinstance(messages[0], dict))
 
 
-def validate_conversation(conversation, index: int) -> None:
-    """Raise ValueError/TypeError naming conversation `index` and message for malformed input."""
+def validate_conversation(conversation, index: int, multimodal: bool = False) -> None:
+    """Raise ValueError/TypeError naming conversation `index` and message for malformed input.
+    `multimodal`: the model takes image_url / video_url parts (see `media_parts`)."""
     if not isinstance(conversation, list) or not conversation:
         raise ValueError(f"conversation {index} must be a non-empty list of message dicts, got {conversation!r}")
     for j, message in enumerate(conversation):
@@ -29,12 +31,39 @@ def validate_conversation(conversation, index: int) -> None:
         content = message.get("content")
         if isinstance(content, list):
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError(
-                        f"{where}: content parts must be {{'type': 'text', 'text': str}} for this model, got {part!r}"
-                    )
+                _validate_part(part, where, multimodal)
         elif not isinstance(content, str) and not (content is None and message["role"] == "assistant"):
             raise TypeError(f"{where}: 'content' must be a str or a list of text parts, got {type(content).__name__}")
+
+
+def _validate_part(part, where: str, multimodal: bool) -> None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return
+    if kind in MEDIA_PARTS and multimodal:
+        _media_url(part, where)
+        return
+    if kind in MEDIA_PARTS:
+        raise ValueError(f"{where}: content parts must be {{'type': 'text', 'text': str}} for this model (it takes "
+                         f"no images or videos), got {str(part)[:200]}")
+    accepted = ["text"] + (list(MEDIA_PARTS) if multimodal else [])
+    raise ValueError(f"{where}: Unknown content part type {kind!r}; content parts accepted: {accepted} "
+                     f"(text parts need a str 'text'), got {str(part)[:200]}")
+
+
+def _media_url(part: dict, where: str = "") -> str:
+    """The URL of an image_url / video_url part ({"url": str} or a plain str)."""
+    value = part.get(part["type"])
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"{where}: a {part['type']!r} part needs {{'{part['type']}': {{'url': str}}}}, got {str(part)[:200]}")
+    return url
+
+
+def media_parts(conversation: list[dict]) -> list[tuple[str, str]]:
+    """(modality, url) of every image_url / video_url part of a validated conversation, in order."""
+    return [(MEDIA_PARTS[part["type"]], _media_url(part)) for message in conversation
+            if isinstance(message.get("content"), list) for part in message["content"] if part["type"] in MEDIA_PARTS]
 
 
 # arguments render_conversation passes to apply_chat_template itself
@@ -51,11 +80,12 @@ def validate_template_kwargs(kwargs: Optional[dict]) -> None:
 
 
 def _flatten_text_parts(conversation: list[dict]) -> list[dict]:
-    """Turn OpenAI-style text parts into plain strings (templates of text models expect strings)."""
+    """Turn OpenAI-style text parts into plain strings (templates of text models expect strings);
+    content holding image/video parts stays a list for the template to place them."""
     flat = []
     for message in conversation:
         content = message.get("content")
-        if isinstance(content, list):
+        if isinstance(content, list) and all(part["type"] == "text" for part in content):
             message = {**message, "content": "".join(part["text"] for part in content)}
         flat.append(message)
     return flat

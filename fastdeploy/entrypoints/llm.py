@@ -28,7 +28,9 @@ logger = logging.getLogger("fastdeploy")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 PromptType = Union[str, list[int], dict]
-PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids")
+PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids", "multimodal_data")
+# one normalised prompt: (text or None, token ids or None (tokenize the text), images/videos or None)
+PromptItem = tuple[Optional[str], Optional[list[int]], Optional[Any]]
 
 
 class LLM:
@@ -95,6 +97,10 @@ class LLM:
         prompts: str, list[str], list[int] (token ids), list[list[int]], a dict with "prompt" or
             "prompt_token_ids" (ids win when both are given), or a list of such dicts. Text is
             tokenized without special tokens and without a chat template (FastDeploy's rule).
+            For a multimodal model a dict may add "multimodal_data": {"image": [PIL images],
+            "video": [path | bytes | {"video": path or bytes, "fps": ..., "max_frames": ...}]}, the
+            items filling the prompt's `<|image@placeholder|>` / `<|video@placeholder|>` markers (or
+            placeholder tokens) in order (input/vl_processor.py).
         sampling_params: one SamplingParams for all prompts or a list of the same length;
             None uses SamplingParams() defaults.
         """
@@ -118,6 +124,9 @@ class LLM:
         `RequestOutput.prompt` is the rendered text. A template that is a missing file raises
         FileNotFoundError; one with a Jinja syntax error, or whose `raise_exception` fires for these
         messages, raises ValueError naming `chat_template` (see chat_utils).
+        For a multimodal model, content parts may be {"type": "image_url", "image_url": {"url": ...}}
+        and {"type": "video_url", "video_url": {"url": ...}} with file://, data: (base64), plain local
+        path or http(s) URLs (multimodal/media.py); they count against `limit_mm_per_prompt`.
         """
         with self._serialised("chat"):
             return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template)
@@ -129,22 +138,30 @@ class LLM:
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"messages must be a non-empty list of message dicts or of conversations, got {messages!r}")
         conversations = [messages] if chat_utils.is_conversation(messages) else messages
+        engine = self.llm_engine
         for i, conversation in enumerate(conversations):
-            chat_utils.validate_conversation(conversation, i)
+            chat_utils.validate_conversation(conversation, i, engine.input_processor.accepts_multimodal)
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
         items = [self._render_chat(c, template, chat_template_kwargs, i) for i, c in enumerate(conversations)]
         return self._run(items, sampling_params, use_tqdm, what="messages")
 
     def _render_chat(self, conversation: list[dict], template: Optional[str], chat_template_kwargs: Optional[dict],
-                     index: int) -> tuple[str, list[int]]:
-        """(prompt text, token ids) of one validated conversation: the template (or the model's) applied
-        with the generation prompt, tokenized without special tokens."""
-        tokenizer = self.get_tokenizer()
-        text = chat_utils.render_conversation(tokenizer, conversation, template, chat_template_kwargs, index)
-        return text, tokenizer.encode(text, add_special_tokens=False)
+                     index: int) -> PromptItem:
+        """(prompt text, None, images/videos) of one validated conversation: the template (or the model's)
+        applied with the generation prompt; the input processor tokenizes it without special tokens.
+        Media parts are counted against the limits, then fetched (all before any request is queued)."""
+        processor = self.llm_engine.input_processor
+        parts = chat_utils.media_parts(conversation)
+        if parts and not processor.accepts_multimodal:
+            raise ValueError(f"conversation {index} holds image/video parts, but this model takes text only")
+        text = chat_utils.render_conversation(self.get_tokenizer(), conversation, template, chat_template_kwargs, index)
+        if not parts:
+            return text, None, None
+        processor.check_limits({m: sum(1 for kind, _ in parts if kind == m) for m in ("image", "video")}, index)
+        return text, None, processor.load_media(parts)
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _normalize_prompts(self, prompts) -> list[tuple[Optional[str], list[int]]]:
+    def _normalize_prompts(self, prompts) -> list[PromptItem]:
         if prompts is None:
             raise ValueError("prompts must be given: a str, list of str, token ids, or dicts")
         if isinstance(prompts, (str, dict)):
@@ -155,14 +172,13 @@ class LLM:
             raise ValueError(f"prompts must be a non-empty str, list or dict, got {prompts!r}")
         return [self._normalize_one(p, i) for i, p in enumerate(prompts)]
 
-    def _normalize_one(self, prompt, index: int) -> tuple[Optional[str], list[int]]:
-        tokenizer = self.get_tokenizer()
+    def _normalize_one(self, prompt, index: int) -> PromptItem:
         if isinstance(prompt, str):
-            return prompt, tokenizer.encode(prompt, add_special_tokens=False)
+            return prompt, None, None
         if isinstance(prompt, (list, tuple)):
             if not all(_is_token_id(t) for t in prompt):
                 raise TypeError(f"prompt {index}: a token-id prompt must be a list of ints, got {prompt!r}")
-            return None, list(prompt)
+            return None, list(prompt), None
         if isinstance(prompt, dict):
             unknown = sorted(set(prompt) - set(PROMPT_DICT_KEYS))
             if unknown:
@@ -170,11 +186,16 @@ class LLM:
             ids = prompt.get("prompt_token_ids")
             if ids is not None and not isinstance(ids, (list, tuple)):  # a str or dict here is no prompt form
                 raise TypeError(f"prompt {index}: 'prompt_token_ids' must be a list of ints, got {type(ids).__name__}")
+            mm_data = None
+            if prompt.get("multimodal_data") is not None:
+                from fastdeploy.input.vl_processor import MultiModalData
+
+                mm_data = MultiModalData.from_dict(prompt["multimodal_data"], index)
             if ids:
                 text = prompt.get("prompt")
-                return text if isinstance(text, str) else None, self._normalize_one(ids, index)[1]
+                return text if isinstance(text, str) else None, self._normalize_one(ids, index)[1], mm_data
             if isinstance(prompt.get("prompt"), str):
-                return self._normalize_one(prompt["prompt"], index)
+                return prompt["prompt"], None, mm_data
             raise ValueError(f"prompt {index}: a prompt dict needs a 'prompt' str or 'prompt_token_ids', got {prompt!r}")
         raise TypeError(f"prompt {index} has type {type(prompt).__name__}; expected str, list of ints or dict")
 
@@ -200,7 +221,7 @@ class LLM:
         engine = self.llm_engine
         # every request is validated (params re-checked: fields may be edited after construction)
         # before any is queued
-        requests = [engine.make_request(text, ids, p, i) for i, ((text, ids), p) in enumerate(zip(items, params))]
+        requests = [engine.make_request(text, ids, p, i, mm) for i, ((text, ids, mm), p) in enumerate(zip(items, params))]
         order = {}
         results: list[Optional[RequestOutput]] = [None] * len(items)
         bar = _ProgressBar(len(items)) if use_tqdm else None

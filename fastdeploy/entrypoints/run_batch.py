@@ -6,7 +6,8 @@
 Input lines are OpenAI batch requests (`/v1/chat/completions`, `/v1/completions`); output lines are
 OpenAI batch outputs, appended as requests finish. Run the same command again after a crash: it
 skips what is answered and finishes the rest (entrypoints/batch/runner.py). Every `LLM(...)`
-keyword is a `--kebab-case` flag (`--max-model-len 4096`, `--no-enable-prefix-caching`). `-i -` reads
+keyword is a `--kebab-case` flag (`--max-model-len 4096`, `--no-enable-prefix-caching`, dicts as JSON:
+`--limit-mm-per-prompt '{"image": 4}'`). `-i -` reads
 stdin, `-o -` writes stdout (without resume). Exit status: 0 when every request is answered (error
 records included), 2 for unusable arguments or input (a duplicate custom_id).
 See docs/run_batch.md.
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from typing import Optional
 
 from fastdeploy.engine.args_utils import EngineArgs
 
-_TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str}
+_TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str,
+          "Optional[dict]": json.loads}  # dicts as JSON: --limit-mm-per-prompt '{"image": 4}'
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +32,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine arguments (LLM(...) keywords)")
     for f in dataclasses.fields(EngineArgs):
         flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
+        if f.type in ("bool", "Optional[bool]"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                help=f"default {f.default}")
         else:

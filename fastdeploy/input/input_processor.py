@@ -9,7 +9,7 @@ generation_config defaults filled in and max_tokens clamped to the context left.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -29,6 +29,9 @@ class PreparedPrompt:
         positions: [num_prompt_tokens] int64 (text: 0..n-1; [3, n] for M-RoPE models).
         sampling_params: the resolved copy (see module docstring).
         bad_words_token_ids: banned token-id sequences from bad_words and bad_words_token_ids.
+        token_type_ids: [num_prompt_tokens] int64 modality per token (0 text, 1 image, 2 video), or
+            None for a text model.
+        mm_features: the prompt's images/videos (multimodal/inputs.py), in prompt order.
     """
 
     prompt: Optional[str]
@@ -36,6 +39,12 @@ class PreparedPrompt:
     positions: np.ndarray
     sampling_params: SamplingParams
     bad_words_token_ids: list
+    token_type_ids: Optional[np.ndarray] = None
+    mm_features: list = field(default_factory=list)
+
+    def num_placeholder_tokens(self, modality: str) -> int:
+        """Prompt tokens standing for the prompt's images (or videos): FastDeploy's num_input_image_tokens."""
+        return sum(f.length for f in self.mm_features if f.modality == modality)
 
 
 def eos_token_ids(tokenizer, generation_config: dict) -> frozenset:
@@ -48,15 +57,26 @@ def eos_token_ids(tokenizer, generation_config: dict) -> frozenset:
 
 
 class InputProcessor:
+    """The input processor of text models (vl_processor.VLInputProcessor extends it)."""
+
+    accepts_multimodal = False  # whether prompts may carry images/videos
+
     def __init__(self, fd_config: FDConfig, tokenizer):
         self.config = fd_config
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids(tokenizer, fd_config.generation_config)
         self.num_usable_blocks = fd_config.cache_config.num_blocks - 1  # block 0 is the null block
 
-    def process(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
-                index: Optional[int] = None) -> PreparedPrompt:
-        """Validate one prompt and resolve its parameters; `index` names the prompt in errors."""
+    def process(self, prompt: Optional[str], prompt_token_ids: Optional[list[int]], params: SamplingParams,
+                index: Optional[int] = None, mm_data=None) -> PreparedPrompt:
+        """Validate one prompt and resolve its parameters; `index` names the prompt in errors.
+        prompt_token_ids None: the prompt text is tokenized without special tokens (FastDeploy's rule).
+        `mm_data` (images/videos) is a ValueError here: this model takes text only."""
+        if mm_data is not None:
+            raise ValueError(f"prompt {index}: images/videos were given, but {self.config.model_config.architecture} "
+                             "is a text model")
+        if prompt_token_ids is None:
+            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         self.validate_prompt(prompt_token_ids, index)
         resolved = self.resolve_sampling_params(params, len(prompt_token_ids))  # rejects greedy n > 1 too
         banned = bad_words_token_ids(self.tokenizer, resolved.bad_words or [], resolved.bad_words_token_ids or [],

@@ -46,7 +46,9 @@ class OutputProcessor:
         ]
         prompt_logprobs = [None] * len(prepared.prompt_token_ids) if params.prompt_logprobs is not None else None
         self.groups[group_id] = GroupState(group_id, prepared.prompt, prepared.prompt_token_ids, completions,
-                                           prompt_logprobs)
+                                           prompt_logprobs,
+                                           num_input_image_tokens=prepared.num_placeholder_tokens("image"),
+                                           num_input_video_tokens=prepared.num_placeholder_tokens("video"))
         for state in completions:
             self.states[state.request_id] = state
 
@@ -139,6 +141,8 @@ class OutputProcessor:
             finished=True,
             metrics=_metrics(group),
             num_cached_tokens=group.num_cached_tokens,
+            num_input_image_tokens=group.num_input_image_tokens,
+            num_input_video_tokens=group.num_input_video_tokens,
             error_code=200 if not errors else 500,
             error_msg=errors[0] if errors else None,
         )

@@ -42,6 +42,8 @@ class GroupState:
     completions: list[RequestState]
     prompt_logprobs: Optional[list] = None  # [num_prompt_tokens] LogprobsDict ([0] None), when requested
     num_cached_tokens: int = 0
+    num_input_image_tokens: int = 0  # prompt tokens standing for images
+    num_input_video_tokens: int = 0  # and for videos
 
     @property
     def finished(self) -> bool:

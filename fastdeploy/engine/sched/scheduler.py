@@ -11,6 +11,10 @@ Each `schedule()` builds one model step from a budget of `max_num_batched_tokens
 With chunked prefill, steps 2-3 give each prefill at most `long_prefill_token_threshold` tokens,
 so a short prompt queued behind a long one joins the next step instead of waiting for the whole
 long prefill; without it, a prompt joins only when all of it fits the step.
+A chunk never splits an image's or video's placeholder tokens (`whole_items_chunk`): it stops before
+an item, or takes the item whole (past the threshold, within the step's budget), so the runner
+encodes each item in the step that computes its tokens. The input processor refuses items longer
+than the budget, so every item fits some step.
 
 When the pool has no block for a request of steps 1-2, the most recently admitted running request
 is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
@@ -84,6 +88,7 @@ class Scheduler:
             if request not in self.running:  # preempted while making room for an earlier one
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, self.prefill_cap, step.budget)
+            num_new = whole_items_chunk(request.mm_features, request.num_computed_tokens, num_new, step.budget)
             if num_new <= 0:
                 continue
             if not self._reserve_blocks(request, num_new, step):
@@ -132,7 +137,10 @@ class Scheduler:
             remaining = request.num_tokens - computed
             if remaining > step.budget and not self.enable_chunked_prefill:
                 break
-            num_new = min(remaining, self.prefill_cap, step.budget)
+            num_new = whole_items_chunk(request.mm_features, computed, min(remaining, self.prefill_cap, step.budget),
+                                        step.budget)
+            if num_new <= 0:
+                break
             need = self.blocks_needed(computed + num_new) - len(hits)
             reclaimed = sum(1 for b in hits if self.block_pool.is_free(b))  # hits waiting in the free queue
             if not self.block_pool.can_allocate(need + reclaimed):
@@ -161,7 +169,8 @@ class Scheduler:
                 continue
             start = request.num_computed_tokens + scheduled
             room = (len(request.block_ids) + self.block_pool.num_free_blocks) * self.block_size - start
-            extra = min(remaining, step.budget, room)
+            extra = whole_items_chunk(request.mm_features, start, min(remaining, step.budget, room),
+                                      min(step.budget, room))
             if extra <= 0:
                 continue
             request.block_ids.extend(self.block_pool.allocate(self.blocks_needed(start + extra) - len(request.block_ids)))
@@ -216,7 +225,7 @@ class Scheduler:
         blocks, hashes, parent = [], [], None
         for i in range((request.num_tokens - 1) // self.block_size):
             tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
-            block_hash = hash_block(parent, tokens, request.extra_keys)
+            block_hash = hash_block(parent, tokens, block_extra_keys(request, i, self.block_size))
             block_id = self.block_pool.lookup(block_hash, tokens, parent)
             if block_id is None:
                 break
@@ -240,7 +249,7 @@ class Scheduler:
         for i in range(len(request.block_hashes), num_tokens // self.block_size):
             tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
             parent = request.block_hashes[-1] if request.block_hashes else None
-            block_hash = hash_block(parent, tokens, request.extra_keys)
+            block_hash = hash_block(parent, tokens, block_extra_keys(request, i, self.block_size))
             if not self.block_pool.cache_block(request.block_ids[i], block_hash, tokens, parent):
                 # the hash names other content (a collision): later blocks would name a parent that
                 # is not theirs, so this sequence registers nothing more
@@ -284,6 +293,29 @@ class Scheduler:
             self._release_blocks(request)
             request.status = RequestStatus.FINISHED
             self._finished_ids.add(req_id)
+
+
+def block_extra_keys(request: Request, i: int, block_size: int) -> tuple:
+    """What block `i`'s prefix-cache key mixes in besides its tokens: the request's `extra_keys` and the
+    `mm_hash` of every image/video whose placeholder tokens overlap the block (placeholder ids are the
+    same for every image, so the hash is what tells two images apart; FastDeploy does the same)."""
+    start, end = i * block_size, (i + 1) * block_size
+    return request.extra_keys + tuple(f.mm_hash for f in request.mm_features
+                                      if f.offset < end and f.offset + f.length > start)
+
+
+def whole_items_chunk(features: list, start: int, num_new: int, limit: int) -> int:
+    """`num_new` prompt tokens from `start`, changed so that the chunk ends inside no item: a chunk
+    ending inside an item that begins after `start` stops before it; one ending inside an item that
+    began at or before `start` takes the item to its end if the chunk stays within `limit` tokens, else
+    0 (the request waits for a step with room)."""
+    end = start + num_new
+    for f in features:
+        if f.offset < end < f.offset + f.length:
+            if f.offset > start:
+                return f.offset - start
+            return f.offset + f.length - start if f.offset + f.length - start <= limit else 0
+    return num_new
 
 
 def _new_request_data(request: Request) -> NewRequestData:

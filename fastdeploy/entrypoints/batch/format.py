@@ -189,7 +189,7 @@ def _chat_messages(body: dict, line: int, cid: str) -> list:
     if not isinstance(messages, list) or not messages:
         raise _error(line, cid, INVALID_REQUEST, f"messages must be a non-empty array of message objects, got {messages!r}")
     try:
-        validate_conversation(messages, 0)
+        validate_conversation(messages, 0, multimodal=True)  # a text model refuses media parts when it renders
     except (ValueError, TypeError) as e:
         raise _error(line, cid, INVALID_REQUEST, "messages: " + str(e).replace("conversation 0, ", "", 1)) from e
     return messages

@@ -53,13 +53,14 @@ class LocalWorker:
         """(engine request id, None), or (None, an error record) when the engine refuses it."""
         engine = self.llm.llm_engine
         try:
-            text, ids = self._prompt(request)
-            return engine.enqueue(engine.make_request(text, ids, request.sampling_params)), None
-        except (ValueError, TypeError, FileNotFoundError) as e:
+            text, ids, mm_data = self._prompt(request)
+            return engine.enqueue(engine.make_request(text, ids, request.sampling_params, mm_data=mm_data)), None
+        except (ValueError, TypeError, FileNotFoundError, ConnectionError) as e:
             return None, error_record(request.custom_id, request.line, "invalid_request", str(e))
 
-    def _prompt(self, request: BatchRequest) -> tuple[Optional[str], list[int]]:
-        """(prompt text or None, token ids), made by the same code as LLM.chat / LLM.generate."""
+    def _prompt(self, request: BatchRequest) -> tuple:
+        """(prompt text or None, token ids or None, images/videos or None), made by the same code as
+        LLM.chat / LLM.generate."""
         if request.kind == "chat":
             return self.llm._render_chat(request.messages, self.llm.chat_template, request.chat_template_kwargs, 0)
         return self.llm._normalize_one(request.prompt, 0)

@@ -1,0 +1,21 @@
+"""Which input processor a checkpoint gets: the one place that tells multimodal checkpoints apart.
+
+A checkpoint is multimodal by its architecture (config.json `architectures[0]`), as FastDeploy decides
+it from its model registry's category (`enable_mm` is not needed): ERNIE-4.5-VL's transformers and
+Paddle checkpoints both name `Ernie4_5_VLMoeForConditionalGeneration`.
+"""
+from __future__ import annotations
+
+from fastdeploy.config import FDConfig
+from fastdeploy.input.input_processor import InputProcessor
+
+VL_ARCHITECTURES = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
+
+
+def make_input_processor(fd_config: FDConfig, tokenizer) -> InputProcessor:
+    """VLInputProcessor for an ERNIE-4.5-VL checkpoint, else the text InputProcessor."""
+    if fd_config.model_config.architecture in VL_ARCHITECTURES:
+        from fastdeploy.input.vl_processor import VLInputProcessor
+
+        return VLInputProcessor(fd_config, tokenizer)
+    return InputProcessor(fd_config, tokenizer)
