@@ -15,6 +15,7 @@ import torch
 
 import vl_helpers
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.input.input_processor import InputProcessor
 from fastdeploy.multimodal.inputs import MultiModalFeature
 from runner_access import model_runner
 
@@ -66,7 +67,8 @@ def _engine_greedy(llm, ids, positions, features):
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True,
                             bad_words_token_ids=VISION_IDS)
-    prepared = engine.make_request(None, ids, params)
+    # the text path of the input processor: this test places the items itself (random pixels)
+    prepared = InputProcessor.process(engine.input_processor, None, ids, params)
     prepared.positions = positions  # [3, n]: what the input processor will compute
     request_id = engine.enqueue(prepared)
     request = engine.scheduler.requests[request_id]

@@ -1,9 +1,6 @@
-"""The VL examples (examples/vl_chat.py, vl_generate.py) run on the tiny checkpoint with local files.
-
-They run in this process with the recording executor standing in for the model, which checks the
-examples' whole input path (tokenizer, chat template, URL and file loading, placing, limits) and that
-they print their outputs. With the ERNIE-4.5-VL model registered (model_executor/models), dropping the
-`recording_llm` fixture runs them on the model itself."""
+"""The VL examples (examples/vl_chat.py, vl_generate.py) run on the tiny checkpoint with local files, in
+this process: the recording executor standing in for the model checks what reaches the runner, and a
+last test runs both on the model itself."""
 import runpy
 import sys
 
@@ -37,3 +34,13 @@ def test_vl_generate_example_with_image_and_video(vl_dir, recording_llm, tmp_pat
     video = sent.mm_features[1]
     assert video.grid_thw[0] == 6  # 3 s: 6 < 16 frames -> all 6 frames of the file (min_frames 16 > length)
     assert f"video tokens: {video.length}" in out and "Assistant: " in out
+
+
+def test_examples_run_on_the_model(vl_dir, tmp_path, monkeypatch, capsys):
+    random_image(300, 400).save(tmp_path / "relic.jpg")
+    write_mp4(tmp_path / "clip.mp4", color_frames(6, height=56, width=56), fps=2)
+    out = run_example("vl_chat.py", [str(vl_dir), str(tmp_path / "relic.jpg"), "--max-tokens", "4"], monkeypatch, capsys)
+    assert "image tokens: 154" in out  # 300x400 -> 308x392 pixels -> 11x14 blocks of 2x2 patches
+    out = run_example("vl_generate.py", [str(vl_dir), str(tmp_path / "relic.jpg"), str(tmp_path / "clip.mp4"),
+                                         "--max-tokens", "4"], monkeypatch, capsys)
+    assert "image tokens: 154, video tokens: " in out and "generated: " in out
