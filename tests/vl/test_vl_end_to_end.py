@@ -65,3 +65,40 @@ def test_chat_greedy_equals_transformers(engines, vl_hf_model, tmp_path, style, 
     assert out.prompt_token_ids == ids
     assert out.outputs.token_ids == expected
     assert len(set(expected)) > 2
+
+
+def test_video_greedy_equals_transformers_fed_the_engines_frames(vl_dir, vl_hf_model, tmp_path):
+    """transformers' model on the engine's sampled, timestamped, resized frames (its video processor needs
+    torchvision); 2 frame pairs <= max(2, 3) blocks, where both position rules agree."""
+    from fastdeploy.input.vl_processor import MultiModalData
+    from vl_helpers import color_frames, write_mp4
+
+    path = tmp_path / "v.mp4"
+    write_mp4(path, color_frames(8, height=56, width=84), fps=4)
+    video_kwargs = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 6, "video_min_frames": 4}
+    llm = LLM(model=str(vl_dir), max_model_len=256, block_size=16, num_gpu_blocks_override=32,
+              mm_processor_kwargs=video_kwargs)
+    text = "<|begin_of_sentence|>User: Video 1:<|VIDEO_START|><|video@placeholder|><|VIDEO_END|>What happens?\nAssistant: "
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, bad_words_token_ids=VISION_IDS)
+    out = llm.generate({"prompt": text, "multimodal_data": {"video": [str(path)]}}, params, use_tqdm=False)[0]
+    (feature,) = llm.llm_engine.input_processor.process(text, None, params, 0,
+                                                        MultiModalData(video=[str(path)])).mm_features
+    assert feature.grid_thw == (4, 4, 6) and out.num_input_video_tokens == 12
+    video = TOKEN_IDS["video_token_id"]
+    ids = llm.get_tokenizer().encode(text.replace("<|video@placeholder|>", "<|VIDEO_PLACEHOLDER|>"),
+                                     add_special_tokens=False)
+    at = ids.index(video)
+    ids = ids[:at] + [video] * 12 + ids[at + 1:]
+    assert out.prompt_token_ids == ids
+    input_ids = torch.tensor([ids])
+    delimiters = [TOKEN_IDS["video_start_token_id"], TOKEN_IDS["video_end_token_id"], video]
+    vl_hf_model.model.rope_deltas = None
+    with torch.no_grad():
+        ref = vl_hf_model.generate(
+            input_ids=input_ids, pixel_values_videos=torch.tensor(feature.pixel_values),
+            video_grid_thw=torch.tensor([feature.grid_thw]), mm_token_type_ids=(input_ids == video).int() * 2,
+            moe_mm_token_type_ids=torch.isin(input_ids, torch.tensor(delimiters)).int() * 2, do_sample=False,
+            max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, suppress_tokens=VISION_IDS)
+    vl_hf_model.model.rope_deltas = None
+    assert out.outputs.token_ids == ref[0, len(ids):].tolist()
+    llm.shutdown()
