@@ -126,3 +126,6 @@ class FDConfig:
     max_logprobs: Optional[int] = 20  # most logprobs a request may ask for; -1 = vocabulary; None = off
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs", see EngineArgs
     reasoning_parser: Optional[str] = None  # a name of fastdeploy.reasoning, or None
+    tensor_parallel_size: int = 1  # ranks the model is split over (worker processes when > 1)
+    master_addr: str = "127.0.0.1"  # where rank 0 listens for the others to join (MASTER_ADDR)
+    master_port: Optional[int] = None  # its port (MASTER_PORT); None: a free one, chosen at start

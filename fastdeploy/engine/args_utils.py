@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
+from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.reasoning import get_reasoning_parser
 
 logger = logging.getLogger("fastdeploy")
@@ -47,7 +48,12 @@ class EngineArgs:
             weights plus KV cache may use when sizing the pool.
         kv_cache_ratio: accepted for FastDeploy compatibility; FastDeploy's V1 scheduler (and this
             engine) use every block for prefill and decode alike, so it has no effect.
-        tensor_parallel_size: only 1 is supported in this version.
+        tensor_parallel_size: split the model over this many worker processes (one per rank,
+            paddle.distributed: gloo on CPU), each holding 1/N of the weights and of the KV cache;
+            see docs/tensor_parallel.md. The model's KV heads and intermediate sizes must allow
+            the split (ValueError naming the numbers otherwise, before anything is loaded).
+        master_addr: the address rank 0 listens on for the other ranks (MASTER_ADDR).
+        master_port: its port (MASTER_PORT); None picks a free one. A port in use is a ValueError.
         seed: seed of the generator unseeded requests draw from (None: fresh entropy).
         chat_template: a Jinja template (string or path) replacing the model's chat template.
         enable_prefix_caching: reuse the KV of full blocks of earlier sequences with the same
@@ -79,6 +85,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     kv_cache_ratio: float = 0.75
     tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
     seed: Optional[int] = None
     chat_template: Optional[str] = None
     enable_prefix_caching: bool = True
@@ -109,8 +117,12 @@ class EngineArgs:
             positive_int("max_num_batched_tokens")
         if self.num_gpu_blocks_override is not None:
             positive_int("num_gpu_blocks_override", 2)
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size must be 1 in this version, got {self.tensor_parallel_size}")
+        if self.master_port is not None:
+            value = self.master_port
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+                raise ValueError(f"master_port must be an int in [1, 65535] or None, got {value!r}")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"master_addr must be a host name or IP address, got {self.master_addr!r}")
         for name in ("gpu_memory_utilization", "kv_cache_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -192,6 +204,7 @@ class EngineArgs:
 
     def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict) -> FDConfig:
         model_config = ModelConfig.from_hf_config(hf_config)
+        check_tensor_parallel(model_config, self.tensor_parallel_size)
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
@@ -207,6 +220,9 @@ class EngineArgs:
             max_logprobs=self.max_logprobs if self.enable_logprob else None,
             logprobs_mode=self.logprobs_mode,
             reasoning_parser=self.reasoning_parser,
+            tensor_parallel_size=self.tensor_parallel_size,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
         )
 
 

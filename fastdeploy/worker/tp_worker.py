@@ -1,0 +1,145 @@
+"""A tensor-parallel worker process: one rank of the model, driven by the engine process.
+
+Started by executor/multiproc.py as `python -m fastdeploy.worker.tp_worker FD` with the rank's
+paddle.distributed variables in its environment (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
+MASTER_ADDR, MASTER_PORT, ...: the names `paddle.distributed.launch` sets) and FD, the file
+descriptor of its end of a socket pair with the engine. Over it (multiprocessing Connection
+messages):
+
+    engine -> worker   (fd_config, threads)          once, first
+    worker -> engine   ("ready", resident bytes) | ("error", traceback text)
+    engine -> worker   ("step", SchedulerOutput)     each step, to every rank
+    worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
+    engine -> worker   ("memory",) -> ("ok", resident bytes);  ("shutdown",) -> exits
+
+The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA), opens the checkpoint
+itself and loads only its shard (distributed/sharding.py). Every rank runs the same steps; rank 0
+samples and broadcasts the token ids so the others extend their request states identically.
+It exits when the engine closes its end (the engine died) and ignores Ctrl-C (the engine handles it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+import numpy as np
+import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
+
+from fastdeploy.worker.model_runner import ModelRunner
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS from /proc/self/status), 0 where unreadable."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def init_process_group():
+    """Join paddle.distributed's default group from the environment; returns our TensorParallelGroup."""
+    import paddle.distributed as dist
+
+    from fastdeploy.distributed.parallel_state import TensorParallelGroup, set_tp_group
+
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        os.environ.setdefault("FLAGS_selected_gpus", os.environ.get("FD_LOCAL_RANK", "0"))
+        os.environ.setdefault("PADDLE_DISTRI_BACKEND", "nccl")
+    else:
+        os.environ.setdefault("PADDLE_DISTRI_BACKEND", "gloo")
+    dist.init_parallel_env()
+    group = TensorParallelGroup(dist.get_rank(), dist.get_world_size())
+    set_tp_group(group)
+    return group
+
+
+def build_runner(fd_config, group):
+    """Open the checkpoint, build this rank's model from its local config and load its shard."""
+    from fastdeploy.distributed.sharding import TensorParallelShard
+    from fastdeploy.model_executor.model_loader import open_model
+    from fastdeploy.model_executor.models import get_model_class
+
+    _, source = open_model(fd_config.model_path)
+    model_cls = get_model_class(fd_config.model_config.architecture)
+    shard = TensorParallelShard(model_cls.adapt_config(fd_config.model_config), group.rank, group.size)
+    if source.quant_config is not None and hasattr(source.quant_config, "tensor_types"):
+        shard.check_quantized_split(source.quant_config.tensor_types)
+    local = dataclasses.replace(fd_config, model_config=shard.local_config())
+    model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,
+                      source.quant_config)
+    model.load_weights(shard.shard_weights(source.weights()))
+    return TensorParallelModelRunner(local, model, group)
+
+
+class TensorParallelModelRunner(ModelRunner):
+    """A ModelRunner whose sampling happens on rank 0 only; the token ids are broadcast to the others."""
+
+    def __init__(self, fd_config, model, group):
+        super().__init__(fd_config, model)
+        self.group = group
+
+    def _sample(self, logits, samplers):
+        if self.group.rank == 0:
+            tokens, logprobs = super()._sample(logits, samplers)
+            ids = paddle.to_tensor(np.asarray(tokens, dtype=np.int64))
+        else:
+            ids, logprobs = paddle.zeros([len(samplers)], dtype="int64"), [None] * len(samplers)
+        return self.group.broadcast(ids, src=0).numpy().tolist(), logprobs
+
+
+def serve(conn: Connection, runner, rank: int) -> None:
+    """Answer the engine's messages until it says shutdown or goes away."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = message[0]
+        if kind == "shutdown":
+            return
+        try:
+            if kind == "step":
+                output = runner.execute_model(message[1])
+                reply = ("ok", output if rank == 0 else None)
+            elif kind == "memory":
+                reply = ("ok", resident_bytes())
+            else:
+                reply = ("error", f"unknown message {kind!r}")
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    conn = Connection(int(argv[0]))
+    rank = int(os.environ["PADDLE_TRAINER_ID"])
+    try:
+        fd_config, threads = conn.recv()
+        paddle.base.core.set_num_threads(threads)
+        group = init_process_group()
+        runner = build_runner(fd_config, group)
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        return 1
+    conn.send(("ready", resident_bytes()))
+    serve(conn, runner, rank)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
