@@ -22,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -44,6 +46,18 @@ def resident_bytes() -> int:
     return 0
 
 
+def wait_for_listener(host: str, port: int, timeout_s: float = 600.0) -> None:
+    """Return once something accepts connections at host:port (rank 0's store). Paddle's store
+    client retries every 3 s when the server is not up yet; polling here joins as soon as it is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
 def init_process_group():
     """Join paddle.distributed's default group from the environment; returns our TensorParallelGroup."""
     import paddle.distributed as dist
@@ -55,6 +69,8 @@ def init_process_group():
         os.environ.setdefault("PADDLE_DISTRI_BACKEND", "nccl")
     else:
         os.environ.setdefault("PADDLE_DISTRI_BACKEND", "gloo")
+    if int(os.environ["PADDLE_TRAINER_ID"]) > 0:
+        wait_for_listener(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     dist.init_parallel_env()
     group = TensorParallelGroup(dist.get_rank(), dist.get_world_size())
     set_tp_group(group)
