@@ -123,19 +123,21 @@ class MultiprocExecutor(Executor):
 
     # ---- the step ------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._check_usable()
-        if self._unanswered:  # a step interrupted by Ctrl-C: its answers come first
-            self._collect(sorted(self._unanswered), "the interrupted step")
-        payload = pickle.dumps(("step", scheduler_output), protocol=pickle.HIGHEST_PROTOCOL)
-        self._broadcast(payload)
-        return self._collect(range(self.size), "step")[0]
+        return self._request(("step", scheduler_output), "step")[0]
 
-    def memory(self) -> list[int]:
-        """Each rank's resident memory now, in bytes (rank order)."""
-        self._check_usable()
-        self._broadcast(pickle.dumps(("memory",)))
-        replies = self._collect(range(self.size), "memory")
+    def worker_stats(self) -> list:
+        """Each rank's WorkerStats (worker/tp_worker.py: resident bytes now, collectives' time and
+        count so far), in rank order."""
+        replies = self._request(("stats",), "stats request")
         return [replies[r] for r in range(self.size)]
+
+    def _request(self, message: tuple, what: str) -> dict:
+        """Send `message` to every rank (pickled once); their answers {rank: payload}."""
+        self._check_usable()
+        if self._unanswered:  # a request interrupted by Ctrl-C: its answers come first
+            self._collect(sorted(self._unanswered), f"interrupted request before this {what}")
+        self._broadcast(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        return self._collect(range(self.size), what)
 
     def _broadcast(self, payload: bytes) -> None:
         self._unanswered = set(range(self.size))

@@ -10,7 +10,7 @@ messages):
     worker -> engine   ("ready", resident bytes) | ("error", traceback text)
     engine -> worker   ("step", SchedulerOutput)     each step, to every rank
     worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
-    engine -> worker   ("memory",) -> ("ok", resident bytes);  ("shutdown",) -> exits
+    engine -> worker   ("stats",) -> ("ok", WorkerStats);  ("shutdown",) -> exits
 
 The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA), opens the checkpoint
 itself and loads only its shard (distributed/sharding.py). Every rank runs the same steps; rank 0
@@ -32,6 +32,15 @@ import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
 from fastdeploy.worker.model_runner import ModelRunner
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """What a rank reports about itself: resident memory, and time and count of its collectives so far."""
+
+    resident_bytes: int
+    comm_seconds: float
+    comm_calls: int
 
 
 def resident_bytes() -> int:
@@ -125,8 +134,9 @@ def serve(conn: Connection, runner, rank: int) -> None:
             if kind == "step":
                 output = runner.execute_model(message[1])
                 reply = ("ok", output if rank == 0 else None)
-            elif kind == "memory":
-                reply = ("ok", resident_bytes())
+            elif kind == "stats":
+                group = runner.group
+                reply = ("ok", WorkerStats(resident_bytes(), group.comm_seconds, group.comm_calls))
             else:
                 reply = ("error", f"unknown message {kind!r}")
         except Exception:
@@ -157,5 +167,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # run from the importable module, so what it pickles names fastdeploy.worker.tp_worker
+    from fastdeploy.worker import tp_worker
+
+    sys.exit(tp_worker.main(sys.argv[1:]))
