@@ -156,6 +156,40 @@ def test_rank_failing_at_load_surfaces_its_message(tiny_llama, tmp_path, monkeyp
     assert child_pids() == before
 
 
+STEP_FAILURE = '''
+import os
+if os.environ.get("PADDLE_TRAINER_ID") == "1":  # rank 1 raises in its third step, before any collective
+    from fastdeploy.worker import model_runner
+
+    calls = [0]
+    original = model_runner.ModelRunner.execute_model
+
+    def execute_model(self, out):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("rank 1 step failure (injected by the test)")
+        return original(self, out)
+
+    model_runner.ModelRunner.execute_model = execute_model
+'''
+
+
+def test_exception_on_one_rank_mid_run_is_an_error_not_a_hang(tiny_llama, tmp_path, monkeypatch):
+    (tmp_path / "sitecustomize.py").write_text(STEP_FAILURE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
+    pids = llm.llm_engine.executor.pids
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure) as e:  # rank 0 waits in an all-reduce rank 1 never joins
+        llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=50), use_tqdm=False)
+    assert time.monotonic() - start < FAULT_DEADLINE_S
+    assert "rank 1 failed in the step" in str(e.value) and "rank 1 step failure" in str(e.value)
+    with pytest.raises(WorkerFailure, match="rank 1"):
+        llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
+    assert not any(alive(pid) for pid in pids)
+    llm.shutdown()
+
+
 def test_master_port_in_use_is_refused(tiny_llama):
     import socket
 
