@@ -98,7 +98,7 @@ def test_unsplittable_model_is_refused_before_any_worker_starts(tiny_llama):
     before = child_pids()
     with pytest.raises(ValueError, match="tensor_parallel_size=3 exceeds the model's num_key_value_heads=2"):
         LLM(model=tiny_llama, tensor_parallel_size=3)
-    assert child_pids() == before
+    assert child_pids() <= before, (child_pids(), before)  # no new process left
 
 
 # ---- faults ------------------------------------------------------------------------------------------
@@ -152,8 +152,8 @@ def test_rank_failing_at_load_surfaces_its_message(tiny_llama, tmp_path, monkeyp
     with pytest.raises(WorkerFailure) as e:
         LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
     message = str(e.value)
-    assert "rank 1 failed in the start-up" in message and "MemoryError: rank 1 could not allocate" in message
-    assert child_pids() == before
+    assert "rank 1 failed in the start-up" in message and "MemoryError: rank 1 could not allocate" in message, message
+    assert child_pids() <= before, (child_pids(), before)  # no new process left
 
 
 STEP_FAILURE = '''
@@ -200,7 +200,7 @@ def test_master_port_in_use_is_refused(tiny_llama):
         before = child_pids()
         with pytest.raises(ValueError, match=f"master_port={port} on 127.0.0.1 is in use"):
             LLM(model=tiny_llama, tensor_parallel_size=2, master_port=port, max_model_len=512)
-        assert child_pids() == before
+        assert child_pids() <= before, (child_pids(), before)  # no new process left
 
 
 def test_construct_destroy_five_times_leaves_no_process(tiny_llama):
@@ -214,4 +214,4 @@ def test_construct_destroy_five_times_leaves_no_process(tiny_llama):
         else:
             del llm  # no shutdown(): the executor's __del__ releases the workers
         assert not any(alive(pid) for pid in pids), f"cycle {i}: a worker outlived its LLM"
-        assert child_pids() == before
+        assert child_pids() <= before, (child_pids(), before)  # no new process left
