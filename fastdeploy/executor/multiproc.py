@@ -14,7 +14,8 @@ Faults never hang the caller:
   in a collective and the executor is broken;
 - a broken executor kills all its workers, and every later step raises the first failure again;
 - start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
-  an automatically chosen master port that another process took meanwhile is retried on a new one.
+  an automatically chosen master port that another process took meanwhile (rank 0 checks it before
+  Paddle's store binds it: the store aborts the process on a port in use) is retried on a new one.
 `shutdown()` (also from `__del__` and at interpreter exit) asks the workers to exit and kills the
 ones that have not within seconds; a worker also exits by itself when the engine process goes away.
 A Ctrl-C while a step runs leaves the workers finishing it; its answers are read and dropped

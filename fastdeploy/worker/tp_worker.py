@@ -78,8 +78,12 @@ def init_process_group():
         os.environ.setdefault("PADDLE_DISTRI_BACKEND", "nccl")
     else:
         os.environ.setdefault("PADDLE_DISTRI_BACKEND", "gloo")
-    if int(os.environ["PADDLE_TRAINER_ID"]) > 0:
-        wait_for_listener(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if int(os.environ["PADDLE_TRAINER_ID"]) == 0:
+        with socket.socket() as probe:  # Paddle's store aborts the process on a port in use: say so instead
+            probe.bind(("", port))  # OSError "Address already in use": the engine retries on another port
+    else:
+        wait_for_listener(host, port)
     dist.init_parallel_env()
     group = TensorParallelGroup(dist.get_rank(), dist.get_world_size())
     set_tp_group(group)

@@ -203,6 +203,29 @@ def test_master_port_in_use_is_refused(tiny_llama):
         assert child_pids() <= before, (child_pids(), before)  # no new process left
 
 
+def test_automatic_port_taken_before_rank_0_binds_it_is_retried(tiny_llama, monkeypatch):
+    import socket
+
+    from fastdeploy.executor import multiproc
+
+    with socket.socket() as busy:  # the port the first attempt gets is taken (as by another job meanwhile)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        handed_out, really_free = [], multiproc.free_port
+
+        def first_busy_then_free(host):
+            handed_out.append(busy.getsockname()[1] if not handed_out else really_free(host))
+            return handed_out[-1]
+
+        monkeypatch.setattr(multiproc, "free_port", first_busy_then_free)
+        llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
+        try:
+            assert len(handed_out) == 2 and handed_out[0] == busy.getsockname()[1]
+            assert len(llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)) == len(TINY_PROMPTS)
+        finally:
+            llm.shutdown()
+
+
 def test_construct_destroy_five_times_leaves_no_process(tiny_llama):
     before = child_pids()
     for i in range(5):
