@@ -83,6 +83,8 @@ def test_tiny_moe_greedy_equals_one_process(tmp_path, family):
     ref = greedy_with_gaps(single, TINY_PROMPTS, 32)
     seeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)  # unseeded: the engine's seed
     ref_sampled = [o.outputs[0].token_ids for o in single.generate(TINY_PROMPTS, seeded, use_tqdm=False)]
+    scored = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, logprobs=3)
+    ref_scored = single.generate(TINY_PROMPTS, scored, use_tqdm=False)
     single.shutdown()
     for size in (2, 3):
         llm = LLM(model=path, tensor_parallel_size=size, **settings)
@@ -90,8 +92,22 @@ def test_tiny_moe_greedy_equals_one_process(tmp_path, family):
             assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 32), ref, f"{family} TP={size}")
             sampled = [o.outputs[0].token_ids for o in llm.generate(TINY_PROMPTS, seeded, use_tqdm=False)]
             assert sampled == ref_sampled, f"{family} TP={size}: sampling from the engine's seed differs"
+            for ours, theirs in zip(llm.generate(TINY_PROMPTS, scored, use_tqdm=False), ref_scored):
+                assert_close_logprobs(ours.prompt_logprobs[1:], theirs.prompt_logprobs[1:])
+                assert_close_logprobs(ours.outputs[0].logprobs, theirs.outputs[0].logprobs)
         finally:
             llm.shutdown()
+
+
+def assert_close_logprobs(ours: list[dict], theirs: list[dict]) -> None:
+    """The same scored ids at each position (up to near-ties) with logprobs within 1e-4."""
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        for token, lp in b.items():
+            if token in a:
+                assert abs(a[token].logprob - lp.logprob) < 1e-4, (token, a[token], lp)
+            else:  # only a candidate tied with another may be swapped out of the top k
+                assert min(abs(lp.logprob - x.logprob) for t, x in b.items() if t != token) < 1e-3
 
 
 def test_unsplittable_model_is_refused_before_any_worker_starts(tiny_llama):
