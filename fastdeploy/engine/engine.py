@@ -62,7 +62,7 @@ class LLMEngine:
         tokenizer = load_tokenizer(source, args.tokenizer)
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
-            executor = MultiprocExecutor(config)
+            executor = MultiprocExecutor(config, source.quant_config)
         else:
             executor = InProcessExecutor(config, source.weights(), source.quant_config)
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)

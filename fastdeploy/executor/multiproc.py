@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 from fastdeploy.config import FDConfig
+from fastdeploy.distributed.sharding import TensorParallelShard
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
 from fastdeploy.platforms.cpu import engine_threads
@@ -71,12 +72,18 @@ def check_port_free(host: str, port: int) -> None:
 class MultiprocExecutor(Executor):
     """`fd_config.tensor_parallel_size` worker processes on this machine; see the module docstring.
 
-    Raises WorkerFailure (a RuntimeError) naming the rank when a worker fails to start.
+    quant_config: the checkpoint's (for GGUF, checked to split on block boundaries; the workers
+    read the checkpoint themselves). Raises ValueError for a split the checkpoint does not allow
+    or a master_port in use, before any worker starts; WorkerFailure (a RuntimeError) naming the
+    rank when a worker fails to start.
     start_timeout_s: how long start-up (joining the group and loading) may take in all (None: no limit).
     """
 
-    def __init__(self, fd_config: FDConfig, start_timeout_s: Optional[float] = None):
+    def __init__(self, fd_config: FDConfig, quant_config=None, start_timeout_s: Optional[float] = None):
         self.size = fd_config.tensor_parallel_size
+        tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
+        for rank in range(self.size if tensor_types else 0):  # ValueError before any worker starts
+            TensorParallelShard(fd_config.model_config, rank, self.size).check_quantized_split(tensor_types)
         self.master_addr = fd_config.master_addr
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []

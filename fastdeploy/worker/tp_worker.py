@@ -98,9 +98,7 @@ def build_runner(fd_config, group):
 
     _, source = open_model(fd_config.model_path)
     model_cls = get_model_class(fd_config.model_config.architecture)
-    shard = TensorParallelShard(model_cls.adapt_config(fd_config.model_config), group.rank, group.size)
-    if source.quant_config is not None and hasattr(source.quant_config, "tensor_types"):
-        shard.check_quantized_split(source.quant_config.tensor_types)
+    shard = TensorParallelShard(fd_config.model_config, group.rank, group.size)  # splits checked by the engine
     local = dataclasses.replace(fd_config, model_config=shard.local_config())
     model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,
                       source.quant_config)
