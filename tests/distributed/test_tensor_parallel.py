@@ -3,8 +3,9 @@
 Oracle for the tokens: the single-process engine on the same checkpoint (itself tested against
 transformers in tests/model_executor/), greedy tokens equal up to a near-tie of the N = 1 run
 (helpers.assert_same_greedy: the all-reduce sums partial products in another order, so logits differ
-by float rounding), seeded sampling equal. Faults: a SIGKILLed worker, a rank failing to load, a
-port in use; after each, and after construct/destroy cycles, no worker process is left.
+by float rounding), seeded sampling equal. Faults: a SIGKILLed worker, a rank failing to load or
+raising mid-run, a port in use; after each, and after construct/destroy cycles, no worker process is
+left (and the engine process does not grow from cycle to cycle).
 """
 import os
 import signal
@@ -242,8 +243,14 @@ def test_automatic_port_taken_before_rank_0_binds_it_is_retried(tiny_llama, monk
             llm.shutdown()
 
 
+def resident_mib() -> float:
+    with open("/proc/self/statm", encoding="utf-8") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def test_construct_destroy_five_times_leaves_no_process(tiny_llama):
     before = child_pids()
+    rss = []
     for i in range(5):
         llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
         pids = llm.llm_engine.executor.pids
@@ -254,3 +261,5 @@ def test_construct_destroy_five_times_leaves_no_process(tiny_llama):
             del llm  # no shutdown(): the executor's __del__ releases the workers
         assert not any(alive(pid) for pid in pids), f"cycle {i}: a worker outlived its LLM"
         assert child_pids() <= before, (child_pids(), before)  # no new process left
+        rss.append(resident_mib())
+    assert rss[-1] - rss[0] < 32, f"the engine process grew by {rss[-1] - rss[0]:.0f} MiB over 4 cycles: {rss}"
