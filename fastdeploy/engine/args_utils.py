@@ -54,6 +54,9 @@ class EngineArgs:
             the split (ValueError naming the numbers otherwise, before anything is loaded).
         master_addr: the address rank 0 listens on for the other ranks (MASTER_ADDR).
         master_port: its port (MASTER_PORT); None picks a free one. A port in use is a ValueError.
+        nnodes: machines the tensor_parallel_size ranks are spread over, evenly; this process is node
+            0, the others run `python -m fastdeploy.worker.tp_node` (docs/tensor_parallel.md). More
+            than 1 needs master_port and a master_addr the other nodes reach.
         seed: seed of the generator unseeded requests draw from (None: fresh entropy).
         chat_template: a Jinja template (string or path) replacing the model's chat template.
         enable_prefix_caching: reuse the KV of full blocks of earlier sequences with the same
@@ -87,6 +90,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: Optional[int] = None
+    nnodes: int = 1
     seed: Optional[int] = None
     chat_template: Optional[str] = None
     enable_prefix_caching: bool = True
@@ -123,6 +127,11 @@ class EngineArgs:
                 raise ValueError(f"master_port must be an int in [1, 65535] or None, got {value!r}")
         if not isinstance(self.master_addr, str) or not self.master_addr:
             raise ValueError(f"master_addr must be a host name or IP address, got {self.master_addr!r}")
+        positive_int("nnodes")
+        if self.tensor_parallel_size % self.nnodes or (self.nnodes > 1 and self.master_port is None):
+            raise ValueError(f"nnodes must divide tensor_parallel_size={self.tensor_parallel_size} and, above 1, "
+                             f"come with a master_port the other nodes join at; got nnodes={self.nnodes}, "
+                             f"master_port={self.master_port}")
         for name in ("gpu_memory_utilization", "kv_cache_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -223,6 +232,7 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             master_addr=self.master_addr,
             master_port=self.master_port,
+            nnodes=self.nnodes,
         )
 
 

@@ -16,6 +16,9 @@ Faults never hang the caller:
 - start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
   an automatically chosen master port that another process took meanwhile (rank 0 checks it before
   Paddle's store binds it: the store aborts the process on a port in use) is retried on a new one.
+With `nnodes` > 1 only this node's ranks are started and watched here; rank 0 forwards every step
+to the other nodes' ranks (distributed/relay.py, docs/tensor_parallel.md), whose failures reach us
+as rank 0's failed collective, and any error then breaks the executor.
 `shutdown()` (also from `__del__` and at interpreter exit) asks the workers to exit and kills the
 ones that have not within seconds; a worker also exits by itself when the engine process goes away.
 A Ctrl-C while a step runs leaves the workers finishing it; its answers are read and dropped
@@ -81,6 +84,8 @@ class MultiprocExecutor(Executor):
 
     def __init__(self, fd_config: FDConfig, quant_config=None, start_timeout_s: Optional[float] = None):
         self.size = fd_config.tensor_parallel_size
+        self.nnodes = fd_config.nnodes
+        self.local_size = self.size // self.nnodes  # ranks 0 .. local_size - 1 run here, the rest on other nodes
         tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
         for rank in range(self.size if tensor_types else 0):  # ValueError before any worker starts
             TensorParallelShard(fd_config.model_config, rank, self.size).check_quantized_split(tensor_types)
@@ -112,11 +117,12 @@ class MultiprocExecutor(Executor):
     # ---- start-up ------------------------------------------------------------------------------
     def _start(self, fd_config: FDConfig, port: int, timeout: Optional[float]) -> None:
         self._procs, self._conns, self._failure = [], [], None
-        threads = max(1, engine_threads() // self.size)
+        threads = max(1, engine_threads() // self.local_size)
         endpoints = ",".join(f"{self.master_addr}:{port + i}" for i in range(self.size))
-        for rank in range(self.size):
+        for rank in range(self.local_size):
             ours, theirs = socket.socketpair()
             env = dict(os.environ, PADDLE_TRAINER_ID=str(rank), PADDLE_TRAINERS_NUM=str(self.size),
+                       PADDLE_NNODES=str(self.nnodes),
                        MASTER_ADDR=self.master_addr, MASTER_PORT=str(port), PADDLE_TRAINER_ENDPOINTS=endpoints,
                        PADDLE_CURRENT_ENDPOINT=f"{self.master_addr}:{port + rank}", FD_LOCAL_RANK=str(rank),
                        OMP_NUM_THREADS=str(threads))
@@ -126,18 +132,18 @@ class MultiprocExecutor(Executor):
             self._procs.append(proc)
             self._conns.append(Connection(ours.detach()))
             self._conns[-1].send((fd_config, threads))
-        replies = self._collect(range(self.size), "start-up", timeout)
-        self.start_memory = [replies[r] for r in range(self.size)]
+        replies = self._collect(range(self.local_size), "start-up", timeout)
+        self.start_memory = [replies[r] for r in range(self.local_size)]
 
     # ---- the step ------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self._request(("step", scheduler_output), "step")[0]
 
     def worker_stats(self) -> list:
-        """Each rank's WorkerStats (worker/tp_worker.py: resident bytes now, collectives' time and
+        """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident bytes now, collectives' time and
         count so far), in rank order."""
         replies = self._request(("stats",), "stats request")
-        return [replies[r] for r in range(self.size)]
+        return [replies[r] for r in range(self.local_size)]
 
     def _request(self, message: tuple, what: str) -> dict:
         """Send `message` to every rank (pickled once); their answers {rank: payload}."""
@@ -145,10 +151,10 @@ class MultiprocExecutor(Executor):
         if self._unanswered:  # a request interrupted by Ctrl-C: its answers come first
             self._collect(sorted(self._unanswered), f"interrupted request before this {what}")
         self._broadcast(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        return self._collect(range(self.size), what)
+        return self._collect(range(self.local_size), what)
 
     def _broadcast(self, payload: bytes) -> None:
-        self._unanswered = set(range(self.size))
+        self._unanswered = set(range(self.local_size))
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(payload)
@@ -179,15 +185,15 @@ class MultiprocExecutor(Executor):
                 except (EOFError, OSError):
                     self._fail(self._describe_exit(rank))
                 (errors if status == "error" else replies)[rank] = payload
-        if errors:  # every rank answered: nobody is stuck, the executor stays usable
-            if what == "start-up":
+        if errors:  # every local rank answered: nobody here is stuck, the executor stays usable
+            if what == "start-up" or self.nnodes > 1:  # (an error on another node reaches us as rank 0's)
                 self._fail(self._error_message(what, errors))
             raise WorkerFailure(self._error_message(what, errors))
         return replies
 
     @staticmethod
     def _error_message(what: str, errors: dict) -> str:
-        rank = min(errors)
+        rank = next(iter(errors))  # the first to arrive: the others may only report its absence
         return f"tensor-parallel worker rank {rank} failed in the {what}:\n{errors[rank]}"
 
     def _describe_exit(self, rank: int) -> str:

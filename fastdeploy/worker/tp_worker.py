@@ -12,6 +12,10 @@ messages):
     worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
     engine -> worker   ("stats",) -> ("ok", WorkerStats);  ("shutdown",) -> exits
 
+A rank on another node (started by worker/tp_node.py, no FD argument) has no socket: rank 0
+forwards the configuration, each step and the shutdown to it (distributed/relay.py); it answers
+nothing and exits on any error, which rank 0's next collective reports.
+
 The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA), opens the checkpoint
 itself and loads only its shard (distributed/sharding.py). Every rank runs the same steps; rank 0
 samples and broadcasts the token ids so the others extend their request states identically.
@@ -122,14 +126,17 @@ class TensorParallelModelRunner(ModelRunner):
         return self.group.broadcast(ids, src=0).numpy().tolist(), logprobs
 
 
-def serve(conn: Connection, runner, rank: int) -> None:
-    """Answer the engine's messages until it says shutdown or goes away."""
+def serve(conn: Connection, runner, rank: int, relay=None) -> None:
+    """Answer the engine's messages until it says shutdown or goes away; rank 0 forwards steps and
+    shutdown to the other nodes' ranks through `relay` (distributed/relay.py) when there are any."""
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            return
+            message = ("shutdown",)
         kind = message[0]
+        if relay is not None and kind in ("step", "shutdown"):
+            relay.send(message)
         if kind == "shutdown":
             return
         try:
@@ -149,23 +156,50 @@ def serve(conn: Connection, runner, rank: int) -> None:
             return
 
 
+def serve_relayed(relay, runner) -> None:
+    """A rank on another node: run the steps rank 0 forwards until it forwards shutdown."""
+    while True:
+        message = relay.recv()
+        if message[0] == "shutdown":
+            return
+        runner.execute_model(message[1])
+
+
 def main(argv: list[str]) -> int:
+    """argv: [FD of the socket to the engine], or [] for a rank on another node (tp_node.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
-    conn = Connection(int(argv[0]))
-    rank = int(os.environ["PADDLE_TRAINER_ID"])
+    conn = Connection(int(argv[0])) if argv else None
+    rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
+    local_size = world // int(os.environ.get("PADDLE_NNODES", "1"))
     try:
-        fd_config, threads = conn.recv()
+        fd_config, threads = conn.recv() if conn else (None, int(os.environ.get("OMP_NUM_THREADS", "1")))
         paddle.base.core.set_num_threads(threads)
         group = init_process_group()
+        relay = None
+        if local_size < world:
+            from fastdeploy.distributed.relay import Relay
+
+            relay = Relay(world, local_size)  # every rank takes part in creating the group
+            if rank == 0:
+                relay.send(fd_config)
+            elif rank >= local_size:
+                fd_config = relay.recv()
         runner = build_runner(fd_config, group)
+        if relay is not None:  # rank 0 is ready once the other nodes' ranks (which cannot tell the engine) are
+            paddle.distributed.barrier()
     except BaseException:
+        if conn is None:
+            raise  # another node's rank: its traceback goes to that node's stderr; rank 0's collectives fail
         try:
             conn.send(("error", traceback.format_exc()))
         except OSError:
             pass
         return 1
+    if conn is None:
+        serve_relayed(relay, runner)
+        return 0
     conn.send(("ready", resident_bytes()))
-    serve(conn, runner, rank)
+    serve(conn, runner, rank, relay if rank == 0 else None)  # the engine node's other ranks relay nothing
     return 0
 
 
