@@ -135,3 +135,7 @@ class FDConfig:
     reasoning_parser: Optional[str] = None  # a name of fastdeploy.reasoning, or None
     mm_processor_kwargs: Optional[dict] = None  # multimodal preprocessing settings (input/vl_processor.py)
     limit_mm_per_prompt: Optional[dict] = None  # items per prompt per modality, merged over 1 each
+    tensor_parallel_size: int = 1  # ranks the model is split over (worker processes when > 1)
+    master_addr: str = "127.0.0.1"  # where rank 0 listens for the others to join (MASTER_ADDR)
+    master_port: Optional[int] = None  # its port (MASTER_PORT); None: a free one, chosen at start
+    nnodes: int = 1  # machines the ranks are spread over (this one is node 0; docs/tensor_parallel.md)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
+from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.reasoning import get_reasoning_parser
 
 logger = logging.getLogger("fastdeploy")
@@ -48,7 +49,15 @@ class EngineArgs:
             weights plus KV cache may use when sizing the pool.
         kv_cache_ratio: accepted for FastDeploy compatibility; FastDeploy's V1 scheduler (and this
             engine) use every block for prefill and decode alike, so it has no effect.
-        tensor_parallel_size: only 1 is supported in this version.
+        tensor_parallel_size: split the model over this many worker processes (one per rank,
+            paddle.distributed: gloo on CPU), each holding 1/N of the weights and of the KV cache;
+            see docs/tensor_parallel.md. The model's KV heads and intermediate sizes must allow
+            the split (ValueError naming the numbers otherwise, before anything is loaded).
+        master_addr: the address rank 0 listens on for the other ranks (MASTER_ADDR).
+        master_port: its port (MASTER_PORT); None picks a free one. A port in use is a ValueError.
+        nnodes: machines the tensor_parallel_size ranks are spread over, evenly; this process is node
+            0, the others run `python -m fastdeploy.worker.tp_node` (docs/tensor_parallel.md). More
+            than 1 needs master_port and a master_addr the other nodes reach.
         seed: seed of the generator unseeded requests draw from (None: fresh entropy).
         chat_template: a Jinja template (string or path) replacing the model's chat template.
         enable_prefix_caching: reuse the KV of full blocks of earlier sequences with the same
@@ -89,6 +98,9 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     kv_cache_ratio: float = 0.75
     tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    nnodes: int = 1
     seed: Optional[int] = None
     chat_template: Optional[str] = None
     enable_prefix_caching: bool = True
@@ -122,8 +134,17 @@ class EngineArgs:
             positive_int("max_num_batched_tokens")
         if self.num_gpu_blocks_override is not None:
             positive_int("num_gpu_blocks_override", 2)
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size must be 1 in this version, got {self.tensor_parallel_size}")
+        if self.master_port is not None:
+            value = self.master_port
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+                raise ValueError(f"master_port must be an int in [1, 65535] or None, got {value!r}")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise ValueError(f"master_addr must be a host name or IP address, got {self.master_addr!r}")
+        positive_int("nnodes")
+        if self.tensor_parallel_size % self.nnodes or (self.nnodes > 1 and self.master_port is None):
+            raise ValueError(f"nnodes must divide tensor_parallel_size={self.tensor_parallel_size} and, above 1, "
+                             f"come with a master_port the other nodes join at; got nnodes={self.nnodes}, "
+                             f"master_port={self.master_port}")
         for name in ("gpu_memory_utilization", "kv_cache_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -217,6 +238,7 @@ class EngineArgs:
 
     def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict) -> FDConfig:
         model_config = ModelConfig.from_hf_config(hf_config)
+        check_tensor_parallel(model_config, self.tensor_parallel_size)
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
@@ -234,6 +256,10 @@ class EngineArgs:
             reasoning_parser=self.reasoning_parser,
             mm_processor_kwargs=self.mm_processor_kwargs,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
+            tensor_parallel_size=self.tensor_parallel_size,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            nnodes=self.nnodes,
         )
 
 

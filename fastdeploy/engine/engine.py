@@ -25,7 +25,7 @@ from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
-from fastdeploy.executor import Executor, InProcessExecutor
+from fastdeploy.executor import Executor, InProcessExecutor, MultiprocExecutor
 from fastdeploy.input.input_processor import PreparedPrompt
 from fastdeploy.input.processors import make_input_processor
 from fastdeploy.output.output_processor import OutputProcessor
@@ -63,7 +63,10 @@ class LLMEngine:
         tokenizer = load_tokenizer(source, args.tokenizer)
         config = args.create_engine_config(path, source.hf_config, source.generation_config)
         source.release_metadata()
-        executor = InProcessExecutor(config, source.weights(), source.quant_config)
+        if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
+            executor = MultiprocExecutor(config, source.quant_config)
+        else:
+            executor = InProcessExecutor(config, source.weights(), source.quant_config)
         logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
         return cls(config, tokenizer, executor)
 

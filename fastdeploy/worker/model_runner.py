@@ -82,14 +82,19 @@ class ModelRunner:
             if state.encoder_outputs:
                 release_encoder_outputs(state)
         if samplers:
-            metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
-            sampled = sample(logits[: len(samplers)], metadata)
-            for state, token, logprobs in zip(samplers, sampled.token_ids.tolist(), sampled.logprobs):
+            tokens, all_logprobs = self._sample(logits[: len(samplers)], samplers)
+            for state, token, logprobs in zip(samplers, tokens, all_logprobs):
                 state.output_token_ids.append(token)
                 result.sampled_token_ids[state.req_id] = token
                 if logprobs is not None:
                     result.logprobs[state.req_id] = logprobs
         return result
+
+    def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState]) -> tuple[list[int], list]:
+        """(token id, logprobs or None) of each sampling row of logits [len(samplers), vocab]."""
+        metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
+        sampled = sample(logits, metadata)
+        return sampled.token_ids.tolist(), sampled.logprobs
 
     def _prepare(self, scheduled: list[tuple[CachedRequestState, int]]):
         """The model's inputs (input_ids [n], positions [n] or [3, n], ForwardMeta, logits_indices

@@ -95,7 +95,10 @@ def test_unknown_keyword_raises_before_loading(no_loading):
         ({"max_model_len": "256"}, "max_model_len"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"master_port": 70000}, "master_port"),
+        ({"master_addr": ""}, "master_addr"),
+        ({"nnodes": 0}, "nnodes"),
         ({"max_num_seqs": 0}, "max_num_seqs"),
         ({"block_size": 0}, "block_size"),
         ({"num_gpu_blocks_override": 1}, "num_gpu_blocks_override"),
@@ -107,6 +110,13 @@ def test_unknown_keyword_raises_before_loading(no_loading):
 )
 def test_invalid_settings_raise_before_loading(no_loading, kwargs, field):
     with pytest.raises(ValueError, match=rf"^{field} must be"):
+        LLM(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"tensor_parallel_size": 3, "nnodes": 2, "master_port": 29500},
+                                    {"tensor_parallel_size": 2, "nnodes": 2}])
+def test_nodes_must_divide_the_ranks_and_know_the_master_port(no_loading, kwargs):
+    with pytest.raises(ValueError, match=r"^nnodes must divide tensor_parallel_size=\d and, above 1, come with a master_port"):
         LLM(**kwargs)
 
 

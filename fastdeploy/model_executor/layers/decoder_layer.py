@@ -12,12 +12,17 @@ Optional parts follow ModelConfig: `qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`.
 
 A layer without those optional parts, with a dense MLP and 1-D RoPE is `plain`: layers/fused_decoder_layers.py
 may run it inside the compiled `fd_decoder_layers` op instead of through `forward`.
+
+Under tensor parallelism each rank holds some heads and a slice of the MLP (distributed/sharding.py),
+so o_proj and the MLP (dense or MoE, shared experts included) give partial sums: one all-reduce
+after each completes them before the residual add (Megatron-LM's row-parallel output).
 """
 from typing import Optional
 
 import paddle
 
 from fastdeploy.config import ModelConfig
+from fastdeploy.distributed.parallel_state import get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
@@ -78,6 +83,8 @@ class DecoderLayer(paddle.nn.Layer):
         self.plain = (type(mlp) is DenseMLP and not mlp.has_bias and self.self_attn.q_norm is None
                       and self.self_attn.qkv_proj.bias is None and self.self_attn.o_proj.bias is None
                       and type(rope) is RotaryEmbedding)
+        group = get_tp_group()
+        self.all_reduce = group.all_reduce if group.size > 1 else _identity
 
     def forward(self, positions: paddle.Tensor, hidden: paddle.Tensor, residual: Optional[paddle.Tensor],
                 forward_meta: ForwardMeta) -> tuple[paddle.Tensor, paddle.Tensor]:
@@ -91,6 +98,10 @@ class DecoderLayer(paddle.nn.Layer):
             residual, x = hidden, self.input_layernorm(hidden)
         else:
             x, residual = self.input_layernorm(hidden, residual)
-        x = self.self_attn(positions, x, forward_meta)
+        x = self.all_reduce(self.self_attn(positions, x, forward_meta))
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, forward_meta.token_type_ids), residual
+        return self.all_reduce(self.mlp(x, forward_meta.token_type_ids)), residual
+
+
+def _identity(x: paddle.Tensor) -> paddle.Tensor:
+    return x

@@ -7,7 +7,9 @@ path, without its Python and ~12 us of dispatch per op (nine per layer).
 
 `plan_layer_runs` is the one place that decides, at build, which layers go through the op: the
 plain ones (DecoderLayer.plain), in maximal consecutive runs, when the model's attention backend is
-the compiled one and the op is built. The plan is a list of callables with DecoderLayer.forward's
+the compiled one, the op is built and the model is not tensor-parallel (`fuse`): the op has no
+all-reduce between o_proj and the residual add, nor after down_proj, so under tensor parallelism
+every layer runs layer by layer (splitting the op at each all-reduce is not done yet). The plan is a list of callables with DecoderLayer.forward's
 signature, which the model calls in order.
 """
 from typing import Callable
@@ -77,10 +79,10 @@ def consecutive_runs(flags: list[bool]) -> list[tuple[int, int, bool]]:
     return runs
 
 
-def plan_layer_runs(layers: list, attn_backend) -> list:
+def plan_layer_runs(layers: list, attn_backend, fuse: bool = True) -> list:
     """Callables covering `layers` in order: a FusedDecoderLayers for each run of plain layers when
-    the op can run them, each other layer itself."""
-    op = compiled_op("fd_decoder_layers") if isinstance(attn_backend, AppendAttentionBackend) else None
+    `fuse` and the op can run them, each other layer itself."""
+    op = compiled_op("fd_decoder_layers") if fuse and isinstance(attn_backend, AppendAttentionBackend) else None
     plan = []
     for start, end, plain in consecutive_runs([layer.plain for layer in layers]):
         if plain and op is not None:

@@ -4,7 +4,8 @@ A `Linear` may pack several checkpoint tensors along its output features ("shard
 packed modules): the fused attention projection `qkv_proj` takes q_proj, k_proj and v_proj (shard
 ids "q", "k", "v"), the fused MLP projection `gate_up_proj` takes gate_proj and up_proj (shard ids
 0 and 1). `shard_ranges` holds each shard's output-feature range: the weight loader copies a
-checkpoint tensor there (a tensor-parallel loader would take its rank's part of each range).
+checkpoint tensor there (under tensor parallelism the tensor arrives already cut to the rank's part,
+distributed/sharding.py, and the layer is built with the rank's sizes).
 
 How W is stored and multiplied is the layer's *linear method*, chosen once when the layer is built
 from the checkpoint's description (`quant_config`, see `select_linear_method`): dense float32

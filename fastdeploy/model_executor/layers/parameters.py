@@ -5,8 +5,8 @@
 initialisation. Loading (CausalLM.load_weights) calls `param.weight_loader(param, loaded, shard_id)`
 for every checkpoint tensor; the loader copies it into the parameter's memory through a numpy view
 (DLPack, no copy of the parameter) and raises ValueError("has shape [...], expected [...]") on a
-wrong shape, which load_weights prefixes with the tensor's name. A tensor-parallel loader would take
-its rank's slice of `loaded` here.
+wrong shape, which load_weights prefixes with the tensor's name. Under tensor parallelism `loaded` is
+already the rank's slice (distributed/sharding.py).
 
 Parameter objects are reused across models (`release_parameters`, called when an executor shuts
 down, frees their memory and keeps the empty objects for the next model with the same shapes):

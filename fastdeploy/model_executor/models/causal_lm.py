@@ -10,6 +10,7 @@ from typing import Iterable, Optional
 import paddle
 
 from fastdeploy.config import ModelConfig
+from fastdeploy.distributed.parallel_state import get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.append_attention import select_attention_backend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
@@ -18,6 +19,7 @@ from fastdeploy.model_executor.layers.fused_decoder_layers import plan_layer_run
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.normalization import RMSNorm
+from fastdeploy.model_executor.layers.parallel import VocabParallelEmbedding, gather_logits, local_vocab_size
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.packed_modules import checkpoint_names_of, parameter_of
 
@@ -26,12 +28,16 @@ class DecoderModel(paddle.nn.Layer):
     """The checkpoint's `model.`: embed_tokens, layers, norm; returns normalised hidden states.
 
     Chooses at build the attention backend (shared by all layers) and which layers run fused.
+    Under tensor parallelism (`get_tp_group()` of more than one rank) `config` is the rank's local
+    one (distributed/sharding.py: its heads and intermediate sizes; vocab_size stays the full one).
     """
 
     def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
                  quant_config: Optional[QuantConfig], make_mlp, rope):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        group = get_tp_group()
+        self.embed_tokens = (VocabEmbedding(config.vocab_size, config.hidden_size) if group.size == 1
+                             else VocabParallelEmbedding(config.vocab_size, config.hidden_size, group))
         self.attn_backend = select_attention_backend(config.num_attention_heads, config.num_key_value_heads,
                                                      config.head_dim, block_size)
         self.layers = paddle.nn.LayerList([
@@ -39,7 +45,7 @@ class DecoderModel(paddle.nn.Layer):
                          quant_config, f"model.layers.{i}")
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.runs = plan_layer_runs(self.layers, self.attn_backend)
+        self.runs = plan_layer_runs(self.layers, self.attn_backend, fuse=group.size == 1)
 
     def forward(self, input_ids: Optional[paddle.Tensor], positions: paddle.Tensor, forward_meta: ForwardMeta,
                 inputs_embeds: Optional[paddle.Tensor] = None) -> paddle.Tensor:
@@ -70,8 +76,9 @@ class CausalLM(paddle.nn.Layer):
         # lm_head W [hidden, vocab]: a transposed copy of the embedding when tied (25% faster GEMM on
         # CPU than the embedding's [vocab, hidden]), or the embedding's GGUF blocks
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = Linear(config.hidden_size, {None: config.vocab_size}, config.lm_head_bias,
-                              select_linear_method(quant_config, [source]))
+        self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
+        self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
+                              config.lm_head_bias, select_linear_method(quant_config, [source]))
 
     def make_mlp(self, config: ModelConfig, layer_index: int, quant_config: Optional[QuantConfig],
                  prefix: str) -> paddle.nn.Layer:
@@ -93,8 +100,10 @@ class CausalLM(paddle.nn.Layer):
         return self.model.embed_tokens(input_ids)
 
     def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:
-        """hidden [m, hidden] (rows of forward's output) -> logits [m, vocab] float32 (lm_head + bias)."""
-        return self.lm_head(hidden)
+        """hidden [m, hidden] (rows of forward's output) -> logits [m, vocab] float32 (lm_head + bias),
+        gathered from every rank under tensor parallelism."""
+        logits = self.lm_head(hidden)
+        return logits if self.tp_group.size == 1 else gather_logits(logits, self.tp_group, self.config.vocab_size)
 
     # ---- weight loading -------------------------------------------------------------------
     def transform_weight(self, name: str, array):

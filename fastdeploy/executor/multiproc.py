@@ -1,0 +1,274 @@
+"""MultiprocExecutor: tensor parallelism over N worker processes, one per rank (worker/tp_worker.py).
+
+The engine process keeps the scheduler; each step it pickles the SchedulerOutput once and sends it
+to every rank, and returns rank 0's ModelRunnerOutput (sampling happens there only, so the tokens do
+not depend on N). Workers are started with `python -m` (not multiprocessing's spawn, which would
+re-run an unguarded user script), each with one end of a socket pair and the paddle.distributed
+variables of its rank; they open the checkpoint themselves and load their shard.
+
+Faults never hang the caller:
+- every wait watches every rank's socket: a worker that dies closes its end, so its death is
+  seen at once (EOF), named by rank, pid and exit status or signal;
+- an error raised on one rank is reported with that rank's traceback; when every rank answered the
+  step the executor stays usable (the engine rolls the step back), otherwise the others are stuck
+  in a collective and the executor is broken;
+- a broken executor kills all its workers, and every later step raises the first failure again;
+- start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
+  an automatically chosen master port that another process took meanwhile (rank 0 checks it before
+  Paddle's store binds it: the store aborts the process on a port in use) is retried on a new one.
+With `nnodes` > 1 only this node's ranks are started and watched here; rank 0 forwards every step
+to the other nodes' ranks (distributed/relay.py, docs/tensor_parallel.md), whose failures reach us
+as rank 0's failed collective, and any error then breaks the executor.
+`shutdown()` (also from `__del__` and at interpreter exit) asks the workers to exit and kills the
+ones that have not within seconds; a worker also exits by itself when the engine process goes away.
+A Ctrl-C while a step runs leaves the workers finishing it; its answers are read and dropped
+before the next step.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from typing import Optional
+
+from fastdeploy.config import FDConfig
+from fastdeploy.distributed.sharding import TensorParallelShard
+from fastdeploy.engine.sched.output import SchedulerOutput
+from fastdeploy.executor.abstract import Executor
+from fastdeploy.platforms.cpu import engine_threads
+from fastdeploy.worker.output import ModelRunnerOutput
+
+ERROR_GRACE_S = 5.0  # after one rank's error, how long the others may take to answer before the executor is broken
+SHUTDOWN_GRACE_S = 5.0  # how long workers may take to exit when asked, before they are killed
+PORT_RETRIES = 3  # fresh automatic master ports tried when the chosen one was taken meanwhile
+_ADDRESS_IN_USE = ("address already in use", "address in use", "errno 98")
+
+
+class WorkerFailure(RuntimeError):
+    """A tensor-parallel worker died or failed; the message names the rank."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port nobody listens on at `host` now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ValueError naming the port when another process holds it at `host`."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"master_port={port} on {host} is in use ({e.strerror}); choose another port "
+                             "or leave master_port unset to pick a free one") from None
+
+
+class MultiprocExecutor(Executor):
+    """`fd_config.tensor_parallel_size` worker processes on this machine; see the module docstring.
+
+    quant_config: the checkpoint's (for GGUF, checked to split on block boundaries; the workers
+    read the checkpoint themselves). Raises ValueError for a split the checkpoint does not allow
+    or a master_port in use, before any worker starts; WorkerFailure (a RuntimeError) naming the
+    rank when a worker fails to start.
+    start_timeout_s: how long start-up (joining the group and loading) may take in all (None: no limit).
+    """
+
+    def __init__(self, fd_config: FDConfig, quant_config=None, start_timeout_s: Optional[float] = None):
+        self.size = fd_config.tensor_parallel_size
+        self.nnodes = fd_config.nnodes
+        self.local_size = self.size // self.nnodes  # ranks 0 .. local_size - 1 run here, the rest on other nodes
+        tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
+        for rank in range(self.size if tensor_types else 0):  # ValueError before any worker starts
+            TensorParallelShard(fd_config.model_config, rank, self.size).check_quantized_split(tensor_types)
+        self.master_addr = fd_config.master_addr
+        self._procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._failure: Optional[str] = None
+        self._unanswered: set[int] = set()
+        self._shut_down = False
+        self.start_memory: list[int] = []  # each rank's resident bytes once loaded
+        _LIVE.add(self)
+        auto_port = fd_config.master_port is None
+        if not auto_port:
+            check_port_free(self.master_addr, fd_config.master_port)
+        for attempt in range(PORT_RETRIES if auto_port else 1):
+            port = free_port(self.master_addr) if auto_port else fd_config.master_port
+            try:
+                self._start(fd_config, port, start_timeout_s)
+                return
+            except WorkerFailure as e:
+                self._kill()
+                in_use = any(s in str(e).lower() for s in _ADDRESS_IN_USE)
+                if not (auto_port and in_use) or attempt == PORT_RETRIES - 1:
+                    raise
+            except BaseException:
+                self._kill()
+                raise
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def _start(self, fd_config: FDConfig, port: int, timeout: Optional[float]) -> None:
+        self._procs, self._conns, self._failure = [], [], None
+        threads = max(1, engine_threads() // self.local_size)
+        endpoints = ",".join(f"{self.master_addr}:{port + i}" for i in range(self.size))
+        for rank in range(self.local_size):
+            ours, theirs = socket.socketpair()
+            env = dict(os.environ, PADDLE_TRAINER_ID=str(rank), PADDLE_TRAINERS_NUM=str(self.size),
+                       PADDLE_NNODES=str(self.nnodes),
+                       MASTER_ADDR=self.master_addr, MASTER_PORT=str(port), PADDLE_TRAINER_ENDPOINTS=endpoints,
+                       PADDLE_CURRENT_ENDPOINT=f"{self.master_addr}:{port + rank}", FD_LOCAL_RANK=str(rank),
+                       OMP_NUM_THREADS=str(threads))
+            with theirs:
+                proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_worker", str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], env=env, start_new_session=True)
+            self._procs.append(proc)
+            self._conns.append(Connection(ours.detach()))
+            self._conns[-1].send((fd_config, threads))
+        replies = self._collect(range(self.local_size), "start-up", timeout)
+        self.start_memory = [replies[r] for r in range(self.local_size)]
+
+    # ---- the step ------------------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self._request(("step", scheduler_output), "step")[0]
+
+    def worker_stats(self) -> list:
+        """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident bytes now, collectives' time and
+        count so far), in rank order."""
+        replies = self._request(("stats",), "stats request")
+        return [replies[r] for r in range(self.local_size)]
+
+    def _request(self, message: tuple, what: str) -> dict:
+        """Send `message` to every rank (pickled once); their answers {rank: payload}."""
+        self._check_usable()
+        if self._unanswered:  # a request interrupted by Ctrl-C: its answers come first
+            self._collect(sorted(self._unanswered), f"interrupted request before this {what}")
+        self._broadcast(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        return self._collect(range(self.local_size), what)
+
+    def _broadcast(self, payload: bytes) -> None:
+        self._unanswered = set(range(self.local_size))
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                self._fail(self._describe_exit(rank))
+
+    def _collect(self, ranks, what: str, timeout: Optional[float] = None) -> dict:
+        """Each rank's answer {rank: payload}; WorkerFailure naming the rank on an error or a death."""
+        pending = {self._conns[r]: r for r in ranks}
+        self._unanswered = set(pending.values())
+        replies, errors = {}, {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            if errors and deadline is None:
+                deadline = time.monotonic() + ERROR_GRACE_S
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(list(pending), left)
+            if not ready:
+                if errors:  # the other ranks are stuck in a collective the failed rank never joined
+                    self._fail(self._error_message(what, errors))
+                self._fail(f"tensor-parallel workers {sorted(pending.values())} gave no answer to the {what} "
+                           f"within {timeout} s")
+            for conn in ready:
+                rank = pending.pop(conn)
+                self._unanswered.discard(rank)
+                try:
+                    status, payload = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(self._describe_exit(rank))
+                (errors if status == "error" else replies)[rank] = payload
+        if errors:  # every local rank answered: nobody here is stuck, the executor stays usable
+            if what == "start-up" or self.nnodes > 1:  # (an error on another node reaches us as rank 0's)
+                self._fail(self._error_message(what, errors))
+            raise WorkerFailure(self._error_message(what, errors))
+        return replies
+
+    @staticmethod
+    def _error_message(what: str, errors: dict) -> str:
+        rank = next(iter(errors))  # the first to arrive: the others may only report its absence
+        return f"tensor-parallel worker rank {rank} failed in the {what}:\n{errors[rank]}"
+
+    def _describe_exit(self, rank: int) -> str:
+        proc = self._procs[rank]
+        try:
+            code = proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            return f"tensor-parallel worker rank {rank} (pid {proc.pid}) closed its connection"
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        return f"tensor-parallel worker rank {rank} (pid {proc.pid}) {how}"
+
+    def _fail(self, message: str):
+        """Break the executor: kill every worker and raise; later calls raise the same message."""
+        self._failure = message
+        self._kill()
+        raise WorkerFailure(message)
+
+    def _check_usable(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("the executor was shut down")
+        if self._failure is not None:
+            raise WorkerFailure(f"the tensor-parallel workers are gone ({self._failure}); create a new LLM")
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def check_health(self) -> None:
+        self._check_usable()
+        for rank, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                self._fail(self._describe_exit(rank))
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def shutdown(self) -> None:
+        """Ask every worker to exit, kill those still running after SHUTDOWN_GRACE_S; idempotent."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for conn in self._conns:
+            try:
+                conn.send(("shutdown",))
+            except OSError:
+                pass
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+
+    def _kill(self) -> None:
+        """SIGKILL every worker still running, reap them all and close the connections."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self._procs:
+            proc.wait()
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+_LIVE: "weakref.WeakSet[MultiprocExecutor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """Interpreter exit: no worker outlives the engine process."""
+    for executor in list(_LIVE):
+        executor.shutdown()

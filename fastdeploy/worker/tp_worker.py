@@ -1,0 +1,210 @@
+"""A tensor-parallel worker process: one rank of the model, driven by the engine process.
+
+Started by executor/multiproc.py as `python -m fastdeploy.worker.tp_worker FD` with the rank's
+paddle.distributed variables in its environment (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
+MASTER_ADDR, MASTER_PORT, ...: the names `paddle.distributed.launch` sets) and FD, the file
+descriptor of its end of a socket pair with the engine. Over it (multiprocessing Connection
+messages):
+
+    engine -> worker   (fd_config, threads)          once, first
+    worker -> engine   ("ready", resident bytes) | ("error", traceback text)
+    engine -> worker   ("step", SchedulerOutput)     each step, to every rank
+    worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
+    engine -> worker   ("stats",) -> ("ok", WorkerStats);  ("shutdown",) -> exits
+
+A rank on another node (started by worker/tp_node.py, no FD argument) has no socket: rank 0
+forwards the configuration, each step and the shutdown to it (distributed/relay.py); it answers
+nothing and exits on any error, which rank 0's next collective reports.
+
+The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA), opens the checkpoint
+itself and loads only its shard (distributed/sharding.py). Every rank runs the same steps; rank 0
+samples and broadcasts the token ids so the others extend their request states identically.
+It exits when the engine closes its end (the engine died) and ignores Ctrl-C (the engine handles it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+import numpy as np
+import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
+
+from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.worker.model_runner import ModelRunner
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """What a rank reports about itself: resident memory, and time and count of its collectives so far."""
+
+    resident_bytes: int
+    comm_seconds: float
+    comm_calls: int
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS from /proc/self/status), 0 where unreadable."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def wait_for_listener(host: str, port: int, timeout_s: float = 600.0) -> None:
+    """Return once something accepts connections at host:port (rank 0's store). Paddle's store
+    client retries every 3 s when the server is not up yet; polling here joins as soon as it is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def init_process_group():
+    """Join paddle.distributed's default group from the environment; returns our TensorParallelGroup."""
+    import paddle.distributed as dist
+
+    from fastdeploy.distributed.parallel_state import TensorParallelGroup, set_tp_group
+
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        os.environ.setdefault("FLAGS_selected_gpus", os.environ.get("FD_LOCAL_RANK", "0"))
+        os.environ.setdefault("PADDLE_DISTRI_BACKEND", "nccl")
+    else:
+        os.environ.setdefault("PADDLE_DISTRI_BACKEND", "gloo")
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if int(os.environ["PADDLE_TRAINER_ID"]) == 0:
+        with socket.socket() as probe:  # Paddle's store aborts the process on a port in use: say so instead
+            probe.bind(("", port))  # OSError "Address already in use": the engine retries on another port
+    else:
+        wait_for_listener(host, port)
+    dist.init_parallel_env()
+    group = TensorParallelGroup(dist.get_rank(), dist.get_world_size())
+    set_tp_group(group)
+    return group
+
+
+def build_runner(fd_config, group):
+    """Open the checkpoint, build this rank's model from its local config and load its shard."""
+    from fastdeploy.distributed.sharding import TensorParallelShard
+    from fastdeploy.model_executor.model_loader import open_model
+    from fastdeploy.model_executor.models import get_model_class
+
+    _, source = open_model(fd_config.model_path)
+    model_cls = get_model_class(fd_config.model_config.architecture)
+    shard = TensorParallelShard(fd_config.model_config, group.rank, group.size)  # splits checked by the engine
+    local = dataclasses.replace(fd_config, model_config=shard.local_config())
+    model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,
+                      source.quant_config)
+    model.load_weights(shard.shard_weights(source.weights()))
+    return TensorParallelModelRunner(local, model, group)
+
+
+class TensorParallelModelRunner(ModelRunner):
+    """A ModelRunner whose sampling happens on rank 0 only; the token ids are broadcast to the others."""
+
+    def __init__(self, fd_config, model, group):
+        super().__init__(fd_config, model)
+        self.group = group
+
+    def _sample(self, logits, samplers):
+        if self.group.rank == 0:
+            tokens, logprobs = super()._sample(logits, samplers)
+            ids = as_paddle(np.asarray(tokens, dtype=np.int64))
+        else:
+            ids, logprobs = paddle.zeros([len(samplers)], dtype="int64"), [None] * len(samplers)
+        return self.group.broadcast(ids, src=0).numpy().tolist(), logprobs
+
+
+def serve(conn: Connection, runner, rank: int, relay=None) -> None:
+    """Answer the engine's messages until it says shutdown or goes away; rank 0 forwards steps and
+    shutdown to the other nodes' ranks through `relay` (distributed/relay.py) when there are any."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            message = ("shutdown",)
+        kind = message[0]
+        if relay is not None and kind in ("step", "shutdown"):
+            relay.send(message)
+        if kind == "shutdown":
+            return
+        try:
+            if kind == "step":
+                output = runner.execute_model(message[1])
+                reply = ("ok", output if rank == 0 else None)
+            elif kind == "stats":
+                group = runner.group
+                reply = ("ok", WorkerStats(resident_bytes(), group.comm_seconds, group.comm_calls))
+            else:
+                reply = ("error", f"unknown message {kind!r}")
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+def serve_relayed(relay, runner) -> None:
+    """A rank on another node: run the steps rank 0 forwards until it forwards shutdown."""
+    while True:
+        message = relay.recv()
+        if message[0] == "shutdown":
+            return
+        runner.execute_model(message[1])
+
+
+def main(argv: list[str]) -> int:
+    """argv: [FD of the socket to the engine], or [] for a rank on another node (tp_node.py)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    conn = Connection(int(argv[0])) if argv else None
+    rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
+    local_size = world // int(os.environ.get("PADDLE_NNODES", "1"))
+    try:
+        fd_config, threads = conn.recv() if conn else (None, int(os.environ.get("OMP_NUM_THREADS", "1")))
+        paddle.base.core.set_num_threads(threads)
+        group = init_process_group()
+        relay = None
+        if local_size < world:
+            from fastdeploy.distributed.relay import Relay
+
+            relay = Relay(world, local_size)  # every rank takes part in creating the group
+            if rank == 0:
+                relay.send(fd_config)
+            elif rank >= local_size:
+                fd_config = relay.recv()
+        runner = build_runner(fd_config, group)
+        if relay is not None:  # rank 0 is ready once the other nodes' ranks (which cannot tell the engine) are
+            paddle.distributed.barrier()
+    except BaseException:
+        if conn is None:
+            raise  # another node's rank: its traceback goes to that node's stderr; rank 0's collectives fail
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        return 1
+    if conn is None:
+        serve_relayed(relay, runner)
+        return 0
+    conn.send(("ready", resident_bytes()))
+    serve(conn, runner, rank, relay if rank == 0 else None)  # the engine node's other ranks relay nothing
+    return 0
+
+
+if __name__ == "__main__":  # run from the importable module, so what it pickles names fastdeploy.worker.tp_worker
+    from fastdeploy.worker import tp_worker
+
+    sys.exit(tp_worker.main(sys.argv[1:]))
