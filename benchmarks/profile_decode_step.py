@@ -27,6 +27,7 @@ CATEGORIES = {
     "gemm": [
         ("fastdeploy.model_executor.layers.linear", "UnquantizedLinearMethod.apply"),
         ("fastdeploy.model_executor.layers.quantization.gguf", "GGUFLinearMethod.apply"),
+        ("fastdeploy.model_executor.layers.quantization.packed", "PackedLinearMethod.apply"),
     ],
     "layers (fused)": [  # runs of decoder layers in one op call: their GEMMs, attention, norms, rotary and activation
         ("fastdeploy.model_executor.layers.fused_decoder_layers", "FusedDecoderLayers.__call__"),
@@ -132,13 +133,16 @@ def main():
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    ap.add_argument("--quantization", default=None, choices=["wint8", "wint4"])
     args = ap.parse_args()
     from fastdeploy import LLM, SamplingParams  # first: fastdeploy prepares the environment for paddle
     from benchmark_throughput import build_prompts
 
     timers = Timers()
     install(timers)
-    llm = LLM(model=args.model, max_num_seqs=max(args.batch), max_model_len=1024)
+    llm = LLM(model=args.model, max_num_seqs=max(args.batch), max_model_len=1024, dtype=args.dtype,
+              quantization=args.quantization)
     prompts = build_prompts(llm.get_tokenizer(), max(args.batch))
     llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=4),
                  use_tqdm=False)  # warm-up

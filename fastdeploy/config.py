@@ -85,8 +85,11 @@ class ModelConfig:
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
 
-    def weight_bytes(self, dtype_bytes: int = 4) -> int:
-        """Bytes of the weights as loaded (fp32; lm_head counted even when tied: we keep a transposed copy)."""
+    def weight_bytes(self, linear_bytes: float = 4.0, lm_head_bytes: Optional[float] = None) -> int:
+        """Bytes of the weights as loaded: linear layers and lm_head at `linear_bytes` per weight, norms in
+        float32, the embedding in float32 (also when tied: lm_head is a transposed copy) unless the linear
+        layers are packed (bf16, wint8, wint4) and the embedding is tied, when it reads lm_head's copy;
+        lm_head at `lm_head_bytes` per weight when given (wint4 models keep lm_head in wint8)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
         hf = self.hf_config
@@ -96,8 +99,11 @@ class ModelConfig:
         if isinstance(inter, list):  # ERNIE-4.5-VL: [text, vision] sizes, experts per modality
             experts, inter = sum(experts) if isinstance(experts, list) else 2 * experts, max(inter)
         mlp = 3 * h * max(self.intermediate_size, (experts + shared) * inter)
-        per_layer = attention + mlp + 2 * h  # every layer counted as MoE when the model has experts
-        return dtype_bytes * (self.num_hidden_layers * per_layer + 2 * self.vocab_size * h + h)
+        per_layer = attention + mlp  # every layer counted as MoE when the model has experts
+        embedding = 0 if self.tie_word_embeddings and linear_bytes != 4 else 4 * self.vocab_size * h
+        norms = 4 * (2 * self.num_hidden_layers * h + h)
+        lm_head = (linear_bytes if lm_head_bytes is None else lm_head_bytes) * self.vocab_size * h
+        return int(linear_bytes * self.num_hidden_layers * per_layer + lm_head + embedding + norms)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """KV-cache bytes one token takes over all layers (K and V)."""

@@ -11,12 +11,14 @@
 // calls per layer: at batch 1 that was 3 ms of a 22 ms decode step, and the per-layer Python and
 // dispatch of a one-layer op another ~1 ms). Each linear weight is either GGUF blocks in
 // gguf_interleave_rows' layout (its qtype the ggml id: 2 Q4_0, 3 Q4_1, 8 Q8_0), computed by
-// gguf_linear, or dense float32 [in, out] (qtype 0), computed by Paddle's matmul; qtypes lists them
+// gguf_linear, packed bf16 / wint8 / wint4 (packed_linear.h's ids 30, 1008, 1004), computed by
+// packed_linear, or dense float32 [in, out] (qtype 0), computed by Paddle's matmul; qtypes lists them
 // layer by layer (qkv, o, gate_up, down). The caller (fastdeploy/model_executor/layers/decoder_layer.py,
 // fused_decoder_layers) picks per weight which it passes.
 #include <vector>
 
 #include "cpu_ops.h"
+#include "packed_linear.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -26,6 +28,7 @@ paddle::Tensor Linear(const paddle::Tensor& x, const paddle::Tensor& weight, int
              "fd_decoder_layers: a dense weight (qtype 0) must be float32 [in, out]");
     return paddle::experimental::matmul(x, weight, false, false);
   }
+  if (packed::KnownKind(qtype)) return PackedLinear(x, weight, qtype, out_features, false)[0];
   return GgufLinear(x, weight, qtype, out_features)[0];
 }
 }  // namespace

@@ -19,6 +19,8 @@ logger = logging.getLogger("fastdeploy")
 
 GiB = 1 << 30
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+DTYPES = ("auto", "bfloat16", "float32")
+QUANTIZATIONS = ("wint8", "wint4")
 
 
 @dataclass
@@ -84,6 +86,14 @@ class EngineArgs:
             default {"image": 1, "video": 1, "audio": 1}; chat `image_url`/`video_url` parts count too.
         enable_mm: deprecated and ignored, as in FastDeploy (a DeprecationWarning): whether a model
             takes images is decided by its architecture (input/processors.py).
+        dtype: the weights' format: "auto" (default: the checkpoint's dtype; a bf16 checkpoint is held
+            in bf16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere; GGUF files as stored),
+            "bfloat16" (half float32's memory; activations stay float32 between layers, each matmul
+            rounds its input to bf16 and sums in float32), or "float32" (exact float32 throughout).
+            See model_executor/layers/quantization/weight_format.py.
+        quantization: None, or weight-only "wint8" (int8 per output feature) or "wint4" (int4 with a
+            scale and minimum per group of 32 inputs), quantized once at load from a float checkpoint
+            (FastDeploy's names).
     """
 
     model: Optional[str] = None
@@ -111,6 +121,8 @@ class EngineArgs:
     mm_processor_kwargs: Optional[dict] = None
     limit_mm_per_prompt: Optional[dict] = None
     enable_mm: Optional[bool] = None
+    dtype: str = "auto"
+    quantization: Optional[str] = None
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -155,6 +167,10 @@ class EngineArgs:
             raise ValueError(f"max_logprobs must be an int >= 0, or -1 for the vocabulary, got {self.max_logprobs!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)} or None, got {self.quantization!r}")
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)  # ValueError listing the valid names
         if not isinstance(self.enable_logprob, bool):
@@ -236,7 +252,11 @@ class EngineArgs:
         useful = self.max_num_seqs * blocks_per_seq + 1
         return int(min(budget // block_bytes, useful))
 
-    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict) -> FDConfig:
+    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict,
+                             bytes_per_weight: float = 4.0, lm_head_bytes_per_weight: Optional[float] = None) -> FDConfig:
+        """bytes_per_weight (lm_head_bytes_per_weight: lm_head's, when it differs): of the linear layers in
+        the resolved weight format (a tied embedding shares lm_head's copy when that is not float32), for
+        sizing the KV pool."""
         model_config = ModelConfig.from_hf_config(hf_config)
         check_tensor_parallel(model_config, self.tensor_parallel_size)
         if self.max_model_len > model_config.max_position_embeddings:
@@ -246,7 +266,8 @@ class EngineArgs:
             )
         return FDConfig(
             model_config=model_config,
-            cache_config=self.cache_config(model_config, model_config.weight_bytes()),
+            cache_config=self.cache_config(model_config, model_config.weight_bytes(bytes_per_weight,
+                                                                                  lm_head_bytes_per_weight)),
             scheduler_config=self.scheduler_config(),
             model_path=model_path,
             seed=self.seed,

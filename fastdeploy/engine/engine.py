@@ -55,19 +55,24 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         from fastdeploy.input.tokenizer import load_tokenizer
+        from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
         from fastdeploy.model_executor.model_loader import open_model
 
         threads = set_paddle_threads()
         start = time.perf_counter()
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)
-        config = args.create_engine_config(path, source.hf_config, source.generation_config)
+        weight_format = resolve_weight_format(args.dtype, args.quantization, source.hf_config, source.quant_config,
+                                              tensor_parallel_size=args.tensor_parallel_size)
+        config = args.create_engine_config(path, source.hf_config, source.generation_config,
+                                           weight_format.bytes_per_weight, weight_format.lm_head_bytes_per_weight)
         source.release_metadata()
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config)
         else:
-            executor = InProcessExecutor(config, source.weights(), source.quant_config)
-        logger.info("loaded %s in %.1f s on %d threads", path, time.perf_counter() - start, threads)
+            executor = InProcessExecutor(config, source.weights(), weight_format.quant_config)
+        logger.info("loaded %s (weights: %s) in %.1f s on %d threads", path, weight_format.name,
+                    time.perf_counter() - start, threads)
         return cls(config, tokenizer, executor)
 
     @property

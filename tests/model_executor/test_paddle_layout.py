@@ -153,7 +153,8 @@ def test_paddle_layout_matches_transformers_and_hf_layout(tmp_path, name):
     assert not is_paddle_layout(json.loads((tmp_path / "hf" / "config.json").read_text()))
     assert is_paddle_layout(json.loads((paddle_dir / "config.json").read_text()))
 
-    paddle_llm = LLM(model=str(paddle_dir), max_model_len=512, num_gpu_blocks_override=16)
+    # dtype="float32": the config says bfloat16, which "auto" would hold in bf16 on a CPU with AVX512-BF16
+    paddle_llm = LLM(model=str(paddle_dir), max_model_len=512, num_gpu_blocks_override=16, dtype="float32")
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, VOCAB_SIZE, size=n).tolist() for n in PROMPT_LENGTHS]
     for prompt, logits in zip(prompts, our_prefill_logits(paddle_llm, prompts)):

@@ -14,12 +14,13 @@ from fastdeploy.distributed.parallel_state import get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.append_attention import select_attention_backend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
-from fastdeploy.model_executor.layers.embeddings import VocabEmbedding
+from fastdeploy.model_executor.layers.embeddings import TiedEmbedding, VocabEmbedding
 from fastdeploy.model_executor.layers.fused_decoder_layers import plan_layer_runs
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.layers.parallel import VocabParallelEmbedding, gather_logits, local_vocab_size
+from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.packed_modules import checkpoint_names_of, parameter_of
 
@@ -79,6 +80,9 @@ class CausalLM(paddle.nn.Layer):
         self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
+        if config.tie_word_embeddings and self.tp_group.size == 1 and isinstance(self.lm_head.method, PackedLinearMethod) \
+                and self.lm_head.method.packed:  # one packed copy serves both
+            self.model.embed_tokens = TiedEmbedding(self.lm_head)
 
     def make_mlp(self, config: ModelConfig, layer_index: int, quant_config: Optional[QuantConfig],
                  prefix: str) -> paddle.nn.Layer:
@@ -123,11 +127,13 @@ class CausalLM(paddle.nn.Layer):
             if name.endswith(self.IGNORED_WEIGHTS):
                 continue
             param_name, shard = parameter_of(name)
-            if param_name not in params:
-                raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
-            self._load(name, params[param_name], tensor, shard)
-            loaded.add(name)
-            if name == "model.embed_tokens.weight" and self.config.tie_word_embeddings:
+            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings
+            if not (tied and isinstance(self.model.embed_tokens, TiedEmbedding)):  # else only lm_head holds it
+                if param_name not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
+                self._load(name, params[param_name], tensor, shard)
+                loaded.add(name)
+            if tied:
                 self._load("lm_head.weight", params["lm_head.weight"], tensor, None)
                 loaded.add("lm_head.weight")
         missing = sorted(set(self.expected_weight_names()) - loaded)

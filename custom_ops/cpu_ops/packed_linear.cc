@@ -1,0 +1,313 @@
+// Linear layer on packed bf16 / weight-only int8 / int4 weights, CPU, float32 activations in and out.
+//
+//   y[M, N] = x[M, K] @ W^T      (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/kWint4)
+//
+// x is rounded to bf16 once per call; each product of two bf16 values is exact in float32 and the sum is
+// float32 (AVX512-BF16's vdpbf16ps on CPUs that have it). Paths:
+//   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
+//     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
+//     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
+//     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); above,
+//     int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in L2), reused by every
+//     6-row block.
+//   * portable (no AVX512-BF16, or `portable` set, which the tests use): the same values in plain loops
+//     over a float32 copy of one panel at a time.
+// Threads take panels one at a time from an atomic counter (OpenMP `parallel` with the split by hand: see
+// custom_ops/README.md, "OpenMP runtime"), when the call has enough work to pay for waking them.
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <tuple>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "packed_linear.h"
+#include "paddle/extension.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+using namespace packed;
+
+constexpr int64_t kParallelMacs = 1 << 17;  // multiply-adds below which one thread is faster
+constexpr int kMaxTileRows = 6;
+
+// x [M, K] float32 -> bf16 [M, K] (rows m0..m1)
+void RoundRows(const float* x, int64_t K, int64_t m0, int64_t m1, uint16_t* xb) {
+  for (int64_t m = m0; m < m1; ++m) {
+    int64_t k = 0;
+#ifdef __AVX512BF16__
+    for (; k + 16 <= K; k += 16) {
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + m * K + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + m * K + k), reinterpret_cast<const __m256i&>(h));
+    }
+#endif
+    for (; k < K; ++k) xb[m * K + k] = RoundToBf16(x[m * K + k]);
+  }
+}
+
+// ---- portable path ---------------------------------------------------------------------------------
+void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, const Layout& l, int64_t kind,
+                   int64_t p, int64_t N, float* y, std::vector<float>& tile) {
+  tile.resize(K * kPanel);  // [K, 64] float32 values of this panel
+  for (int64_t k2 = 0; k2 < l.k2; ++k2)
+    for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
+      tile[(2 * k2 + lane % 2) * kPanel + lane / 2] = PackedValue(w, l, kind, p, k2, lane);
+  const float* scale = ColumnScales(w, l, kind, p);
+  const int64_t cols = std::min(kPanel, N - p * kPanel);
+  float acc[kPanel];
+  for (int64_t m = 0; m < M; ++m) {
+    std::fill(acc, acc + kPanel, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float xv = Bf16ToFloat(xb[m * K + k]);
+      const float* row = tile.data() + k * kPanel;
+#pragma omp simd
+      for (int64_t c = 0; c < kPanel; ++c) acc[c] += xv * row[c];
+    }
+    for (int64_t c = 0; c < cols; ++c) y[m * N + p * kPanel + c] = scale ? acc[c] * scale[c] : acc[c];
+  }
+}
+
+#ifdef __AVX512BF16__
+// ---- AVX512-BF16 path -------------------------------------------------------------------------------
+inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+// Register `reg` (16 columns x 2) of pair k2 of a panel, as 32 bf16.
+template <int64_t KIND>
+inline __m512bh LoadW(const uint8_t* panel, const float* panel_scales, int64_t k2, int reg) {
+  if constexpr (KIND == kBf16) {
+    return AsBh(_mm512_loadu_si512(panel + (k2 * 128 + reg * 32) * 2));
+  } else if constexpr (KIND == kWint8) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(panel) + k2 * 128 + reg * 32;
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  } else {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k2 * 64 + reg * 16)));
+    const __m512 qlo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    const __m512 qhi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    const float* dm = panel_scales + (2 * k2 / kInt4Group) * 2 * kPanel + reg * 16;  // this register's 16 columns
+    const __m512 d = _mm512_loadu_ps(dm), m = _mm512_loadu_ps(dm + kPanel);
+    const __m512i lo_cols = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);  // lane -> column
+    const __m512i hi_cols = _mm512_add_epi32(lo_cols, _mm512_set1_epi32(8));
+    const __m512 lo = _mm512_fmadd_ps(qlo, _mm512_permutexvar_ps(lo_cols, d), _mm512_permutexvar_ps(lo_cols, m));
+    const __m512 hi = _mm512_fmadd_ps(qhi, _mm512_permutexvar_ps(hi_cols, d), _mm512_permutexvar_ps(hi_cols, m));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+}
+
+// y[MR rows, panel columns] (+)= xb[MR rows] . panel over pairs k0..k1 (xb as bf16 pairs, row stride K2
+// pairs). FIRST: start from zero, else from y; LAST: apply the wint8 column scales. STREAM: W comes from
+// memory once (decode), so prefetch it kPrefetchBytes ahead.
+constexpr int64_t kPrefetchBytes = 2048;
+
+template <int MR, int64_t KIND, bool STREAM>
+void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
+          const float* col_scales, int64_t cols, bool first, bool last, float* y, int64_t ldy) {
+  constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
+  __m512 acc[MR][4];
+  __mmask16 masks[4];
+  for (int j = 0; j < 4; ++j)
+    masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j)
+      acc[m][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(masks[j], y + m * ldy + 16 * j);
+  int64_t k2 = k0;
+  if constexpr (MR == 1) {  // one row: 4 accumulator chains are latency-bound; run 8 (two pairs per step)
+    __m512 odd[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (; k2 + 2 <= k1; k2 += 2) {
+      if constexpr (STREAM) {
+        for (int64_t line = 0; line < 2 * kPairBytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(panel + k2 * kPairBytes + kPrefetchBytes + line), _MM_HINT_T0);
+      }
+      const __m512bh a0 = AsBh(_mm512_set1_epi32(static_cast<int>(xb[k2])));
+      const __m512bh a1 = AsBh(_mm512_set1_epi32(static_cast<int>(xb[k2 + 1])));
+      for (int j = 0; j < 4; ++j) {
+        acc[0][j] = _mm512_dpbf16_ps(acc[0][j], a0, LoadW<KIND>(panel, panel_scales, k2, j));
+        odd[j] = _mm512_dpbf16_ps(odd[j], a1, LoadW<KIND>(panel, panel_scales, k2 + 1, j));
+      }
+    }
+    for (int j = 0; j < 4; ++j) acc[0][j] = _mm512_add_ps(acc[0][j], odd[j]);
+  }
+  for (; k2 < k1; ++k2) {
+    if constexpr (STREAM) {
+      for (int64_t line = 0; line < kPairBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(panel + k2 * kPairBytes + kPrefetchBytes + line), _MM_HINT_T0);
+    }
+    __m512bh b[4];
+    for (int j = 0; j < 4; ++j) b[j] = LoadW<KIND>(panel, panel_scales, k2, j);
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh a = AsBh(_mm512_set1_epi32(static_cast<int>(xb[m * K2 + k2])));
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, b[j]);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 s = last && col_scales ? _mm512_maskz_loadu_ps(masks[j], col_scales + 16 * j) : _mm512_set1_ps(1.f);
+    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], _mm512_mul_ps(acc[m][j], s));
+  }
+}
+
+template <int64_t KIND, bool STREAM>
+void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel,
+               const float* panel_scales, const float* col_scales, int64_t cols, bool first, bool last, float* y,
+               int64_t ldy) {
+  for (int64_t m = 0; m < M; m += kMaxTileRows) {
+    const uint32_t* xm = xb + m * K2;
+    float* ym = y + m * ldy;
+    const auto args = std::make_tuple(xm, K2, k0, k1, panel, panel_scales, col_scales, cols, first, last, ym, ldy);
+    switch (std::min<int64_t>(kMaxTileRows, M - m)) {
+      case 1: std::apply(Tile<1, KIND, STREAM>, args); break;
+      case 2: std::apply(Tile<2, KIND, STREAM>, args); break;
+      case 3: std::apply(Tile<3, KIND, STREAM>, args); break;
+      case 4: std::apply(Tile<4, KIND, STREAM>, args); break;
+      case 5: std::apply(Tile<5, KIND, STREAM>, args); break;
+      default: std::apply(Tile<6, KIND, STREAM>, args); break;
+    }
+  }
+}
+
+// Panels of W taken one at a time from `next` (an atomic counter shared by the threads: a thread the OS
+// pauses delays one panel, not a fixed share of them). Up to kMaxTileRows rows: one tile per panel over all of K, W streamed once. More:
+// pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
+// uses it); int8/int4 panels are converted to a bf16 panel first (in L2), once for all row blocks.
+constexpr int64_t kChunkPairs = 64;
+
+template <int64_t KIND>
+void Panels(const uint32_t* xb, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
+            std::atomic<int64_t>& next, float* y) {
+  const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
+  std::vector<uint16_t> bf16_panel(KIND != kBf16 && M > kMaxTileRows ? K2 * 128 : 0);
+  for (int64_t p = next++; p < l.panels; p = next++) {
+    const uint8_t* panel = w + p * l.panel_bytes;
+    const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
+    const float* col_scales = KIND == kWint8 ? panel_scales : nullptr;
+    const int64_t cols = std::min(kPanel, N - p * kPanel);
+    float* yp = y + p * kPanel;
+    if (M <= kMaxTileRows) {
+      RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, col_scales, cols, true, true, yp, N);
+      continue;
+    }
+    if constexpr (KIND != kBf16) {
+      for (int64_t k2 = 0; k2 < K2; ++k2)
+        for (int j = 0; j < 4; ++j) {
+          const __m512bh v = LoadW<KIND>(panel, panel_scales, k2, j);
+          _mm512_storeu_si512(bf16_panel.data() + k2 * 128 + j * 32, reinterpret_cast<const __m512i&>(v));
+        }
+      panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
+    }
+    for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
+      const int64_t k1 = std::min(K2, k0 + kChunkPairs);
+      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, col_scales, cols, k0 == 0, k1 == K2, yp, N);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t kind,
+                                         int64_t out_features, bool portable) {
+  PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
+  PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
+           " (wint4), got ", kind);
+  const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
+  const Layout l = LayoutOf(kind, N, K);
+  PD_CHECK(K % 2 == 0 && (kind != kWint4 || K % kInt4Group == 0), "packed_linear: in_features ", K,
+           " must be even (a multiple of ", kInt4Group, " for wint4)");
+  PD_CHECK(weight.dtype() == paddle::DataType::UINT8 && weight.numel() == l.TotalBytes(), "packed_linear: weight of ",
+           weight.numel(), " bytes does not hold ", N, " x ", K, " packed values of kind ", kind, " (", l.TotalBytes(),
+           " bytes)");
+  std::vector<int64_t> out_shape = x.shape();
+  out_shape.back() = N;
+  auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (M == 0) return {y};
+  const float* xd = x.data<float>();
+  const uint8_t* wd = weight.data<uint8_t>();
+  float* yd = y.data<float>();
+  std::vector<uint16_t> xb(M * K);
+  std::atomic<int64_t> next{0};  // the next panel to compute
+#ifdef __AVX512BF16__
+  const bool fast = !portable;
+#else
+  const bool fast = false;
+#endif
+#pragma omp parallel if (M * N * K >= kParallelMacs)
+  {
+#ifdef _OPENMP
+    const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+    const int64_t threads = 1, id = 0;
+#endif
+    RoundRows(xd, K, M * id / threads, M * (id + 1) / threads, xb.data());
+#pragma omp barrier
+    if (fast) {
+#ifdef __AVX512BF16__
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb.data());
+      switch (kind) {
+        case kBf16: Panels<kBf16>(pairs, M, l.k2, wd, l, N, next, yd); break;
+        case kWint8: Panels<kWint8>(pairs, M, l.k2, wd, l, N, next, yd); break;
+        default: Panels<kWint4>(pairs, M, l.k2, wd, l, N, next, yd); break;
+      }
+#endif
+    } else {
+      std::vector<float> tile;
+      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb.data(), M, K, wd, l, kind, p, N, yd, tile);
+    }
+  }
+  return {y};
+}
+
+std::vector<std::vector<int64_t>> PackedLinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
+                                                         const int64_t&, const int64_t& out_features, const bool&) {
+  std::vector<int64_t> out = x;
+  out.back() = out_features;
+  return {out};
+}
+
+std::vector<paddle::DataType> PackedLinearInferDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+
+PD_BUILD_OP(fd_packed_linear)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"kind: int64_t", "out_features: int64_t", "portable: bool"})
+    .SetKernelFn(PD_KERNEL(PackedLinear))
+    .SetInferShapeFn(PD_INFER_SHAPE(PackedLinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PackedLinearInferDtype));
+
+// Rows of a packed [vocab, hidden] weight (a tied embedding): ids [n] int64 -> [n, hidden] float32, the
+// values packed_linear multiplies (wint8 scaled).
+std::vector<paddle::Tensor> PackedEmbedding(const paddle::Tensor& ids, const paddle::Tensor& weight, int64_t kind,
+                                            int64_t vocab, int64_t hidden) {
+  PD_CHECK(ids.dtype() == paddle::DataType::INT64, "packed_embedding: ids must be int64");
+  PD_CHECK(KnownKind(kind), "packed_embedding: unknown kind ", kind);
+  const Layout l = LayoutOf(kind, vocab, hidden);
+  PD_CHECK(weight.numel() == l.TotalBytes(), "packed_embedding: weight does not hold ", vocab, " x ", hidden,
+           " packed values");
+  const int64_t n = ids.numel();
+  auto out = paddle::empty({n, hidden}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const int64_t* id = ids.data<int64_t>();
+  const uint8_t* w = weight.data<uint8_t>();
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    PD_CHECK(id[i] >= 0 && id[i] < vocab, "packed_embedding: id ", id[i], " outside [0, ", vocab, ")");
+    const int64_t p = id[i] / kPanel, c = id[i] % kPanel;
+    const float* scale = ColumnScales(w, l, kind, p);
+    for (int64_t k = 0; k < hidden; ++k) {
+      const float v = PackedValue(w, l, kind, p, k / 2, 2 * c + k % 2);
+      o[i * hidden + k] = scale ? v * scale[c] : v;
+    }
+  }
+  return {out};
+}
+
+PD_BUILD_OP(fd_packed_embedding)
+    .Inputs({"Ids", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"kind: int64_t", "vocab: int64_t", "hidden: int64_t"})
+    .SetKernelFn(PD_KERNEL(PackedEmbedding));

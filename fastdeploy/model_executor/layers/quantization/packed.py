@@ -1,0 +1,205 @@
+"""bf16 and weight-only int8/int4 weights, packed once at load for the compiled `fd_packed_linear` op.
+
+`PackedConfig` is the QuantConfig of a float checkpoint run with `dtype="bfloat16"` or
+`quantization="wint8" | "wint4"` (FastDeploy's names). Every Linear gets a `PackedLinearMethod` of
+that kind when the compiled op is available and its in_features suit the kind (even; a multiple of 64
+for wint4), else the dense float32 method.
+
+The weight parameter is one uint8 tensor in custom_ops/cpu_ops/packed_linear.h's layout: panels of
+64 output features, input features in pairs (AVX512-BF16's operand order), then the float32 scales.
+What is stored, for W [out, in] (HF orientation):
+
+  * bf16: round_to_nearest_even(W) to bfloat16 (2 bytes per weight; exact for a bf16 checkpoint);
+  * wint8: per output feature s = max|W[n]| / 127, q = round(W / s) in [-127, 127] (1 byte + 4 / in);
+  * wint4 (lm_head and a tied embedding: wint8, see lm_head_kind): per output feature and group of
+    32 inputs, asymmetric: m = min W[n, g], d = (max - m) / 15,
+    q = round((W - m) / d) in [0, 15] (half a byte + 8 / 32 bytes: llama.cpp Q4_1's size).
+
+The op rounds x to bf16 and multiplies it with bf16(W), q (wint8; the scale applied to the float32
+sum) or bf16(fma(q, d, m)) (wint4), summing in float32 (`reference_values` gives these values).
+wint8 is absmax symmetric per channel as FastDeploy's weight-only int8 (and LLM.int8's); wint4 is
+asymmetric in groups of 32 as llama.cpp's Q4_1, not FastDeploy's per-channel symmetric int4: on the
+default model (dequantized from Q4_1) symmetric int4 in groups of 64 doubled the perplexity, while
+this keeps it within a few percent.
+"""
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import paddle
+
+from fastdeploy.model_executor.layers.linear import Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.parameters import empty_parameter
+from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
+from fastdeploy.model_executor.ops import compiled_op
+
+BF16, WINT8, WINT4 = 30, 1008, 1004  # the op's kind ids (packed_linear.h)
+KIND_IDS = {"bfloat16": BF16, "wint8": WINT8, "wint4": WINT4}
+PANEL = 64  # output features per panel
+INT4_GROUP = 32  # input features per wint4 scale and minimum
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (NaN kept a NaN)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    rounded = (u >> 16) & 1
+    rounded += u
+    rounded += 0x7FFF
+    bits = (rounded >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        bits[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    return bits
+
+
+def bf16_values(a: np.ndarray) -> np.ndarray:
+    """float32 -> float32 holding the nearest bfloat16 (round to nearest even)."""
+    return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [out, in] float32 -> (q [out, in] int8 in [-127, 127], s [out] float32), w ~ q * s[:, None]."""
+    amax = np.abs(w).max(axis=1)
+    s = np.where(amax > 0, amax / 127, 1).astype(np.float32)
+    return np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8), s
+
+
+def quantize_int4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w [out, in] float32 (in a multiple of 32) -> (q [out, in] uint8 in [0, 15], d, m [out, in / 32]
+    float32), w ~ q * d + m, d and m repeated over each group of 32 inputs."""
+    out, in_features = w.shape
+    groups = w.reshape(out, in_features // INT4_GROUP, INT4_GROUP)
+    low, high = groups.min(axis=2), groups.max(axis=2)
+    d = np.where(high > low, (high - low) / 15, 1).astype(np.float32)
+    q = np.clip(np.rint((groups - low[:, :, None]) / d[:, :, None]), 0, 15).astype(np.uint8)
+    return q.reshape(out, in_features), d, low.astype(np.float32)
+
+
+def reference_values(w: np.ndarray, kind: int) -> np.ndarray:
+    """The [out, in] float32 weights the op computes with (wint8: q * s, the scale applied after the sum)."""
+    if kind == BF16:
+        return bf16_values(w)
+    if kind == WINT8:
+        q, s = quantize_int8(w)
+        return q.astype(np.float32) * s[:, None]
+    q, d, m = quantize_int4(w)
+    exact = q * np.repeat(d, INT4_GROUP, axis=1).astype(np.float64) + np.repeat(m, INT4_GROUP, axis=1)
+    return bf16_values(exact.astype(np.float32))
+
+
+def packed_bytes(kind: int, out_features: int, in_features: int) -> int:
+    """Size in bytes of `pack`'s result (weights then scales)."""
+    panels, pairs = -(-out_features // PANEL), in_features // 2
+    weight = panels * pairs * PANEL * 2 * {BF16: 2, WINT8: 1, WINT4: 0.5}[kind]
+    scales = panels * {BF16: 0, WINT8: PANEL, WINT4: in_features // INT4_GROUP * 2 * PANEL}[kind]
+    return int(weight) + 4 * scales
+
+
+def _panel_pairs(values: np.ndarray) -> np.ndarray:
+    """[out, in] -> [panels, in / 2, 64, 2] (rows padded with zeros to whole panels)."""
+    out, in_features = values.shape
+    panels = -(-out // PANEL)
+    padded = values
+    if out % PANEL:
+        padded = np.zeros((panels * PANEL, in_features), values.dtype)
+        padded[:out] = values
+    return np.ascontiguousarray(padded.reshape(panels, PANEL, in_features // 2, 2).transpose(0, 2, 1, 3))
+
+
+def pack(w: np.ndarray, kind: int) -> np.ndarray:
+    """w [out, in] float32 (HF orientation) -> the op's uint8 layout, packed_bytes(kind, out, in) long."""
+    out, in_features = w.shape
+    if kind == BF16:
+        return _panel_pairs(bf16_bits(w)).view(np.uint8).reshape(-1)
+    if kind == WINT8:
+        q, s = quantize_int8(w)
+        scales = np.zeros(-(-out // PANEL) * PANEL, np.float32)
+        scales[:out] = s
+        return np.concatenate([_panel_pairs(q).view(np.uint8).reshape(-1), scales.view(np.uint8)])
+    q, d, m = quantize_int4(w)
+    lanes = _panel_pairs(q).reshape(-1, in_features // 2, 4, 32)  # per pair: 4 registers of 32 lanes
+    nibbles = lanes[..., :16] | (lanes[..., 16:] << 4)  # byte i: lane i low, lane i + 16 high
+    panels = lanes.shape[0]
+    scales = np.zeros((panels * PANEL, d.shape[1], 2), np.float32)  # [padded out, groups, (d, m)]
+    scales[:out, :, 0], scales[:out, :, 1] = d, m
+    scales = scales.reshape(panels, PANEL, -1, 2).transpose(0, 2, 3, 1)  # [panels, groups, (d, m), 64]
+    return np.concatenate([nibbles.reshape(-1), np.ascontiguousarray(scales).view(np.uint8).reshape(-1)])
+
+
+def kind_fits(kind: int, in_features: int) -> bool:
+    """Whether the op takes a weight of this kind with `in_features` inputs (wint4: a multiple of 32)."""
+    return in_features % 2 == 0 and (kind != WINT4 or in_features % INT4_GROUP == 0)
+
+
+LM_HEAD_SOURCES = ("lm_head.weight", "model.embed_tokens.weight")  # lm_head's checkpoint tensor (tied or not)
+
+
+def lm_head_kind(kind: int) -> int:
+    """The kind lm_head (and a tied embedding reading it) is packed as: wint4 models keep it in wint8,
+    as GPTQ/AWQ keep lm_head out of 4 bits (on the default model, 4-bit lm_head alone cost ~4% perplexity)."""
+    return WINT8 if kind == WINT4 else kind
+
+
+class PackedConfig(QuantConfig):
+    """Every Linear packed as `kind` (BF16, WINT8 or WINT4; lm_head as lm_head_kind) where the op is
+    built and the shape suits it."""
+
+    def __init__(self, kind: int):
+        self.kind = kind
+
+    def linear_method(self, checkpoint_names: Sequence[str]) -> LinearMethod:
+        linear, rows = compiled_op("fd_packed_linear"), compiled_op("fd_packed_embedding")
+        if linear is None:
+            return UnquantizedLinearMethod()
+        kind = lm_head_kind(self.kind) if set(checkpoint_names) & set(LM_HEAD_SOURCES) else self.kind
+        return PackedLinearMethod(kind, linear, rows)
+
+
+class PackedLinearMethod(LinearMethod):
+    """W packed as `kind`; shards are staged as float32 until all have arrived, then packed once. A layer
+    whose in_features the kind cannot take stays dense float32 (decided at create_weights)."""
+
+    def __init__(self, kind: int, linear_op: Callable, rows_op: Callable):
+        self.kind = kind
+        self._linear = linear_op
+        self._rows = rows_op
+        self._dense: Optional[UnquantizedLinearMethod] = None  # set when the shape does not fit
+        self._staged: Optional[np.ndarray] = None  # [out, in] float32 while shards arrive
+        self._staged_rows = 0
+
+    def create_weights(self, layer: Linear) -> paddle.Tensor:
+        if not kind_fits(self.kind, layer.in_features):
+            self._dense = UnquantizedLinearMethod()
+            return self._dense.create_weights(layer)
+        size = packed_bytes(self.kind, layer.out_features, layer.in_features)
+        return empty_parameter([size], "uint8", layer.weight_loader)
+
+    def load(self, layer: Linear, loaded, start: int, end: int) -> None:
+        if self._dense is not None:
+            return self._dense.load(layer, loaded, start, end)
+        if isinstance(loaded, QuantizedTensor):
+            loaded = loaded.dequantize()
+        if self._staged is None:
+            self._staged = np.empty((layer.out_features, layer.in_features), np.float32)
+        self._staged[start:end] = loaded
+        self._staged_rows += end - start
+        if self._staged_rows == layer.out_features:  # every shard is in: pack once
+            np.from_dlpack(layer.weight)[...] = pack(self._staged, self.kind)
+            self._staged, self._staged_rows = None, 0
+
+    def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
+        # x: [n, in] -> [n, out]
+        if self._dense is not None:
+            return self._dense.apply(layer, x)
+        return self._linear(x, layer.weight, self.kind, layer.out_features, False)
+
+    def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
+        return (layer.weight, 0) if self._dense is not None else (layer.weight, self.kind)
+
+    @property
+    def packed(self) -> bool:
+        """False when the layer's shape made it dense float32."""
+        return self._dense is None
+
+    def rows(self, layer: Linear, ids: paddle.Tensor) -> paddle.Tensor:
+        """ids [n] int64 -> W[ids] [n, in] float32 as the matmul uses them (a tied embedding's lookup)."""
+        return self._rows(ids, layer.weight, self.kind, layer.out_features, layer.in_features)

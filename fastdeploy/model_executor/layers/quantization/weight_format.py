@@ -1,0 +1,104 @@
+"""Which format the model's weights are held and multiplied in, from `LLM(dtype=..., quantization=...)`.
+
+`resolve_weight_format` is the one place that decides, before the model is built:
+
+  * a GGUF file: its blocks, as stored (the header's GGUFConfig); `quantization` is refused (the file
+    is quantized already) and so is `dtype="bfloat16"` (the GGUF kernels compute on the blocks);
+  * `quantization="wint8" | "wint4"` (FastDeploy's names; float checkpoints): weight-only int8 per
+    output feature / asymmetric int4 per group of 32 inputs (layers/quantization/packed.py);
+  * `dtype="bfloat16"`: weights held in bf16;
+  * `dtype="float32"`: dense float32, exactly (the mode the parity tests use);
+  * `dtype="auto"` (the default): the checkpoint's dtype (config.json's `torch_dtype`, or `dtype` in
+    Paddle checkpoints and transformers 5): bf16 checkpoints are held in bf16 where the CPU has
+    AVX512-BF16 or AMX-BF16 (`vdpbf16ps` / tiles run the op at full speed), float32 otherwise.
+
+The packed formats need the compiled `fd_packed_linear` op; without it (no compiler, fallbacks forced)
+every format but GGUF is float32, with a warning when the user asked for another.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from fastdeploy.model_executor.layers.linear import QuantConfig
+from fastdeploy.model_executor.layers.quantization.packed import KIND_IDS, PackedConfig
+from fastdeploy.model_executor.ops import compiled_op
+
+logger = logging.getLogger("fastdeploy")
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# bytes per weight of a linear layer in each format (wint8: with its float32 scales, for 1024 inputs)
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "wint8": 1.0 + 4 / 1024, "wint4": 0.5 + 8 / 32}
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return any(flag in line.split() for flag in BF16_CPU_FLAGS)
+    except OSError:
+        pass
+    return False
+
+
+def checkpoint_dtype(hf_config: dict) -> str:
+    """The dtype config.json names for the checkpoint's tensors ("float32" when it names none)."""
+    return str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")
+
+
+@dataclass
+class WeightFormat:
+    """name: "gguf", "float32", "bfloat16", "wint8" or "wint4"; quant_config: what the model's build
+    gets (None: dense float32); bytes_per_weight: of the linear layers and lm_head, for sizing the KV
+    pool (GGUF: None, sized as float32 as before)."""
+
+    name: str
+    quant_config: Optional[QuantConfig]
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return BYTES_PER_WEIGHT.get(self.name, 4.0)
+
+    @property
+    def lm_head_bytes_per_weight(self) -> float:
+        return BYTES_PER_WEIGHT["wint8"] if self.name == "wint4" else self.bytes_per_weight
+
+
+def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: dict,
+                          source_quant_config: Optional[QuantConfig], cpu_bf16: Optional[bool] = None,
+                          tensor_parallel_size: int = 1) -> WeightFormat:
+    """The format for this checkpoint and these settings (see the module docstring); cpu_bf16 overrides
+    the CPU probe (tests). dtype and quantization were validated by EngineArgs; ValueError for settings
+    this checkpoint cannot take. The packed formats run on one rank only so far: with
+    tensor_parallel_size > 1 "auto" stays float32 and an explicit bf16/wint8/wint4 is a ValueError."""
+    if source_quant_config is not None:  # GGUF
+        if quantization is not None:
+            raise ValueError(f"quantization={quantization!r} applies to float checkpoints (HF or Paddle "
+                             "safetensors); this GGUF file is quantized already: leave quantization unset")
+        if dtype == "bfloat16":
+            raise ValueError("dtype='bfloat16' applies to float checkpoints; a GGUF file runs on its blocks "
+                             "as stored: use dtype='auto' or 'float32'")
+        return WeightFormat("gguf", source_quant_config)
+    if quantization is not None:
+        wanted = quantization
+    elif dtype == "bfloat16":
+        wanted = "bfloat16"
+    elif dtype == "auto" and checkpoint_dtype(hf_config) == "bfloat16":
+        wanted = "bfloat16" if (cpu_has_bf16() if cpu_bf16 is None else cpu_bf16) else "float32"
+    else:
+        wanted = "float32"
+    if wanted == "float32":
+        return WeightFormat("float32", None)
+    if tensor_parallel_size > 1:
+        if dtype == "auto" and quantization is None:
+            return WeightFormat("float32", None)
+        raise ValueError(f"dtype={dtype!r} quantization={quantization!r}: bf16/wint8/wint4 weights are not "
+                         f"supported with tensor_parallel_size={tensor_parallel_size} yet; use dtype='float32' "
+                         "(or 'auto') and no quantization")
+    if compiled_op("fd_packed_linear") is None:
+        if dtype != "auto" or quantization is not None:
+            logger.warning("dtype=%r quantization=%r need the compiled custom ops, which are unavailable: the "
+                           "weights are held in float32", dtype, quantization)
+        return WeightFormat("float32", None)
+    return WeightFormat(wanted, PackedConfig(KIND_IDS[wanted]))

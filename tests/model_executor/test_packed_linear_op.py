@@ -1,0 +1,135 @@
+"""The compiled `fd_packed_linear` / `fd_packed_embedding` ops (bf16, wint8, wint4) against float64 numpy.
+
+Oracle: the weights each kind stores, derived here from their definitions (bf16 rounding to nearest even
+written independently of the engine's; absmax int8 per output feature; min/max int4 per 32 inputs), x
+rounded to bf16 the same way, and a float64 matmul. Tolerance: 2e-6 * K relative to sum_k |x||w| (float32
+sums of exact products, in another order). Both the AVX512-BF16 path (where the CPU has it) and the
+portable path (forced by the op's `portable` flag) are checked.
+"""
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.quantization.packed import (BF16, WINT4, WINT8, PackedConfig,
+                                                                  PackedLinearMethod, pack, packed_bytes)
+from fastdeploy.model_executor.ops import compiled_op
+
+pytestmark = pytest.mark.usefixtures("ops_enabled")
+
+KINDS = {"bf16": BF16, "wint8": WINT8, "wint4": WINT4}
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """Nearest bfloat16 of each float32 (ties to even), as float64: truncate to 8 significant bits, then
+    compare the two neighbours."""
+    a = np.asarray(a, np.float32)
+    down = (a.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)
+    step = np.abs(down) * 0 + np.ldexp(1.0, np.frexp(np.abs(down.astype(np.float32)))[1] - 8)
+    up = down + np.sign(a) * step
+    exact = a.astype(np.float64)
+    lower_gap, upper_gap = np.abs(exact - down), np.abs(up - exact)
+    even = ((a.view(np.uint32) >> 16) & 1) == 0
+    return np.where((lower_gap < upper_gap) | ((lower_gap == upper_gap) & even), down, up)
+
+
+def weights_of(w: np.ndarray, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values multiplied [out, in] float64, scale applied after the sum [out])."""
+    ones = np.ones(w.shape[0])
+    if kind == BF16:
+        return round_bf16(w), ones
+    if kind == WINT8:
+        s = (np.abs(w).max(axis=1) / 127).astype(np.float32)
+        return np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.float64), s.astype(np.float64)
+    out, k = w.shape
+    g = w.reshape(out, k // 32, 32)
+    low = g.min(axis=2, keepdims=True)
+    d = ((g.max(axis=2, keepdims=True) - low) / 15).astype(np.float32)
+    q = np.clip(np.rint((g - low) / d), 0, 15)
+    return round_bf16((q * d.astype(np.float64) + low).astype(np.float32).reshape(out, k)), ones
+
+
+def random_weight(rng, out, k):
+    return (rng.standard_normal((out, k)) * rng.uniform(0.01, 2.0, (out, 1))).astype(np.float32)
+
+
+def compiled(name):
+    op = compiled_op(name)
+    assert op is not None, "the compiled custom ops failed to build on this machine (see the log)"
+    return op
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("m,n,k", [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (40, 70, 128)])
+def test_linear_matches_float64(name, portable, m, n, k):
+    kind = KINDS[name]
+    rng = np.random.default_rng(m * 1000 + n)
+    w, x = random_weight(rng, n, k), rng.standard_normal((m, k)).astype(np.float32)
+    packed = pack(w, kind)
+    assert packed.nbytes == packed_bytes(kind, n, k)
+    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(packed), kind, n, portable).numpy()
+    values, scale = weights_of(w, kind)
+    xb = round_bf16(x)
+    ref = (xb @ values.T) * scale
+    bound = 2e-6 * k * (np.abs(xb) @ np.abs(values).T) * scale + 1e-30
+    assert y.shape == (m, n)
+    assert np.all(np.abs(y - ref) <= bound), f"max error {np.abs(y - ref).max():.3g}"
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("name", ["bf16", "wint8"])
+def test_one_row_with_an_odd_number_of_input_pairs(name, portable):
+    """K = 130: 65 pairs, so the one-row kernel's two-pairs-per-step loop leaves one pair over."""
+    kind = KINDS[name]
+    rng = np.random.default_rng(7)
+    w, x = random_weight(rng, 70, 130), rng.standard_normal((1, 130)).astype(np.float32)
+    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(pack(w, kind)), kind, 70, portable).numpy()
+    values, scale = weights_of(w, kind)
+    xb = round_bf16(x)
+    ref = (xb @ values.T) * scale
+    assert np.all(np.abs(y - ref) <= 2e-6 * 130 * (np.abs(xb) @ np.abs(values).T) * scale + 1e-30)
+
+
+def test_fast_and_portable_paths_agree_on_a_large_call():
+    rng = np.random.default_rng(1)
+    w, x = random_weight(rng, 300, 512), rng.standard_normal((70, 512)).astype(np.float32)
+    for kind in KINDS.values():
+        packed = paddle.to_tensor(pack(w, kind))
+        fast = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, kind, 300, False).numpy()
+        portable = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, kind, 300, True).numpy()
+        np.testing.assert_allclose(fast, portable, rtol=1e-4, atol=1e-4 * np.abs(portable).max())
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_embedding_rows_are_the_stored_values(name):
+    kind = KINDS[name]
+    rng = np.random.default_rng(2)
+    w = random_weight(rng, 150, 128)
+    ids = np.array([0, 149, 64, 7, 7], np.int64)
+    rows = compiled("fd_packed_embedding")(paddle.to_tensor(ids), paddle.to_tensor(pack(w, kind)), kind, 150,
+                                           128).numpy()
+    values, scale = weights_of(w, kind)
+    expected = (values * scale[:, None]).astype(np.float32)[ids]
+    np.testing.assert_allclose(rows, expected, rtol=2 ** -8 if kind == WINT4 else 0)  # int4: q*d+m rounded twice here
+
+
+def test_a_wrong_weight_size_is_an_error_naming_the_sizes():
+    x = paddle.ones([1, 128])
+    with pytest.raises(Exception, match="does not hold 64 x 128"):
+        compiled("fd_packed_linear")(x, paddle.zeros([10], "uint8"), BF16, 64, False)
+
+
+def test_linear_method_packs_shards_and_falls_back_where_the_shape_does_not_fit():
+    rng = np.random.default_rng(3)
+    q, k = random_weight(rng, 64, 128), random_weight(rng, 32, 128)
+    layer = Linear(128, {"q": 64, "k": 32}, False, PackedConfig(WINT8).linear_method(["q", "k"]))
+    assert isinstance(layer.method, PackedLinearMethod)
+    layer.weight_loader(layer.weight, k, "k")
+    layer.weight_loader(layer.weight, q, "q")
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    values, scale = weights_of(np.concatenate([q, k]), WINT8)
+    ref = (round_bf16(x) @ values.T) * scale
+    np.testing.assert_allclose(layer(paddle.to_tensor(x)).numpy(), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    odd = Linear(80, {None: 8}, False, PackedConfig(WINT4).linear_method(["w"]))  # 80 is not a multiple of 32
+    assert odd.weight.dtype == paddle.float32 and isinstance(odd.method._dense, UnquantizedLinearMethod)
