@@ -43,7 +43,7 @@ def child(model: str, size: int, batch: int, tokens: int) -> dict:
 
     bare = rss_bytes()
     start = time.perf_counter()
-    llm = LLM(model=model, tensor_parallel_size=size, max_model_len=512, max_num_seqs=batch,
+    llm = LLM(model=model, tensor_parallel_size=size, dtype="float32", max_model_len=512, max_num_seqs=batch,
               num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK_SIZE, enable_prefix_caching=False)
     startup = time.perf_counter() - start
     steps = [0]
