@@ -4,8 +4,8 @@ The memory test builds the default model 20 times in a fresh subprocess (so othe
 does not blur the numbers). RSS is read after gc.collect() and malloc_trim(0), so memory that
 Python and glibc freed but kept in their heaps is not counted as held. What remains, ~2 MiB a
 construction (2026-11-24, AMD EPYC), is Python heap: 1 MiB arenas that stay mapped because a few
-KB of small objects each build leaves behind sit in them (strings from Paddle's Layer naming, per
-tracemalloc; not yet removed). It was ~16 MiB before Paddle's per-tensor list leak was avoided
+KB of small objects each build leaves behind sit in them (not yet identified: giving every Layer a
+fixed name scope removed the strings Paddle's Layer naming leaves, but not this growth). It was ~16 MiB before Paddle's per-tensor list leak was avoided
 (model_executor/host_arrays.py, layers/parameters.py) and the GGUF reader's metadata freed early. Issue 17 asks for the 20th within 5%
 of the 2nd; measured +11-12%, so the bound here is 15% (the code before these fixes: +33%).
 """

@@ -41,7 +41,7 @@ class AppendAttentionBackend:
 
     def init_attention_metadata(self, meta: ForwardMeta) -> AppendAttentionInputs:
         """The step's index tensors, shared by every layer (zero-copy views of meta's arrays)."""
-        return AppendAttentionInputs(*[as_paddle(np.ascontiguousarray(a, dtype=np.int64))
+        return AppendAttentionInputs(*[as_paddle(np.asarray(a, dtype=np.int64))
                                        for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
                                                  meta.block_tables)])
 

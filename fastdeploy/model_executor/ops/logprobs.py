@@ -27,5 +27,5 @@ def token_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> Logprob
             token_ranks=np.concatenate([r.token_ranks for r in rows]),
         )
     ids = np.ascontiguousarray(token_ids, dtype=np.int64)
-    outs = op(as_paddle(np.ascontiguousarray(logits)), as_paddle(ids), k)
+    outs = op(as_paddle(logits), as_paddle(ids), k)
     return LogprobsArrays(*(t.numpy() for t in outs))

@@ -28,7 +28,7 @@ def apply_penalties_(logits: np.ndarray, penalties: PenaltyInputs) -> None:
     entries = np.stack([penalties.rows, penalties.token_ids], axis=1).astype(np.int64, copy=False)  # [m, 2]
     params = np.stack([penalties.repetition, penalties.frequency, penalties.presence], axis=1)  # [rows, 3]
     op(as_paddle(logits), as_paddle(entries),
-       as_paddle(np.ascontiguousarray(penalties.output_counts, np.float32)),
+       as_paddle(np.asarray(penalties.output_counts, np.float32)),
        as_paddle(params.astype(np.float32, copy=False)))
 
 
@@ -46,4 +46,4 @@ def top_k_top_p_min_p_sampling(logits: np.ndarray, temperature: np.ndarray, top_
     if op is None:
         return sample_rows(logits, temperature, top_k, top_p, min_p, uniforms)
     params = np.stack([temperature, top_k, top_p, min_p, uniforms], axis=1).astype(np.float64)  # [rows, 5]
-    return op(as_paddle(np.ascontiguousarray(logits)), as_paddle(params)).numpy()
+    return op(as_paddle(logits), as_paddle(params)).numpy()
