@@ -57,6 +57,21 @@ def test_rollback_of_a_decode_step_keeps_earlier_blocks_and_resends_state():
     assert retry.scheduled_new_reqs[0].block_ids == a.block_ids and retry.num_scheduled_tokens == {"a": 1}
 
 
+def test_rollback_frees_the_blocks_the_failed_step_gave_a_running_request():
+    pool = BlockPool(6)
+    sched = Scheduler(pool, 1, max_num_seqs=2, max_num_batched_tokens=2, enable_chunked_prefill=True,
+                      enable_prefix_caching=False, long_prefill_token_threshold=1)
+    r = text_request("r", [5, 6, 7], 1)
+    sched.add_request(r)
+    apply_step(sched, sched.schedule(), lambda request: 0)  # its first prompt chunk is computed
+    held = list(r.block_ids)
+    sched.schedule()  # gives it blocks for its next chunk; the step then fails
+    assert len(r.block_ids) > len(held)
+    sched.rollback()
+    assert r.block_ids == held and r.num_computed_tokens == len(held)
+    assert pool.num_free_blocks == pool.num_usable_blocks - len(held)
+
+
 def test_finished_ids_are_sent_again_after_a_failed_step():
     _, sched = make_scheduler()
     a, b = text_request("a", [1, 2, 3], 4), text_request("b", [4, 5, 6], 4)

@@ -126,8 +126,13 @@ class Scheduler:
             step.preempted.append(victim)
             if victim is request:
                 return False
-        request.block_ids.extend(self.block_pool.allocate(need))
+        self._grow(request, need, step)
         return True
+
+    def _grow(self, request: Request, n: int, step: "_Step") -> None:
+        """Give a running request `n` more blocks, remembering for `rollback` how many it held before."""
+        step.blocks_before.setdefault(request, len(request.block_ids))
+        request.block_ids.extend(self.block_pool.allocate(n))
 
     def _admit_waiting(self, step: "_Step") -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
@@ -173,7 +178,7 @@ class Scheduler:
                                       min(step.budget, room))
             if extra <= 0:
                 continue
-            request.block_ids.extend(self.block_pool.allocate(self.blocks_needed(start + extra) - len(request.block_ids)))
+            self._grow(request, self.blocks_needed(start + extra) - len(request.block_ids), step)
             step.add(request, extra)
 
     # ---- the step's result ------------------------------------------------------------------------
@@ -196,8 +201,8 @@ class Scheduler:
     def rollback(self) -> None:
         """Undo the last `schedule()` after its step failed (the model raised, or Ctrl-C).
 
-        Prefix-cache blocks registered for the step's tokens hold no KV: they are forgotten. Requests
-        admitted in the step go back to the front of the queue (their prefix hits may name those
+        Prefix-cache blocks registered for the step's tokens hold no KV: they are forgotten. Blocks
+        the step gave running requests are freed again. Requests admitted in the step go back to the front of the queue (their prefix hits may name those
         blocks). Every request of the step is sent to the runner again in full, and the runner is
         told again which requests finished, since the failed step may not have reached it.
         """
@@ -207,6 +212,10 @@ class Scheduler:
         for request, marks in step.hash_marks.items():
             del request.block_hashes[marks:]
             request.prefix_chain_broken = False
+        for request, kept in step.blocks_before.items():  # blocks the step gave running requests
+            if request in self.running:
+                self.block_pool.free(request.block_ids[kept:][::-1])
+                del request.block_ids[kept:]
         for request, cached_before in reversed(step.admitted):
             if request in self.running:
                 self._requeue(request)  # not a preemption: the step never ran
@@ -347,6 +356,7 @@ class _Step:
         self.admitted: list[tuple[Request, object]] = []  # (request, its num_cached_tokens before)
         self.registered: list[int] = []  # blocks this step registered in the prefix cache
         self.hash_marks: dict[Request, int] = {}  # len(block_hashes) before this step
+        self.blocks_before: dict[Request, int] = {}  # len(block_ids) before this step gave running requests more
         self.finished_sent: set[str] = set()  # finished ids this step's output told the runner
 
     def add(self, request: Request, num_new: int) -> None:
