@@ -17,6 +17,10 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,
                                             const paddle::Tensor& weight, float eps);
 
+// rms_norm.cc: per-head RMSNorm of the q heads (q_weight) and k heads (k_weight) of qkv, in place
+void QkRmsNorm(paddle::Tensor& qkv, const paddle::Tensor& q_weight, const paddle::Tensor& k_weight, int num_heads,
+               int num_kv_heads, float eps);
+
 // rotary_embedding.cc: RoPE on the q and k heads of qkv [n, (heads + 2 kv_heads) * head_dim], in place
 void RotaryEmbedding(paddle::Tensor& qkv, const paddle::Tensor& positions, const paddle::Tensor& cos,
                      const paddle::Tensor& sin, int num_heads, int num_kv_heads, int head_dim);

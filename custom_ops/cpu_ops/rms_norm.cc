@@ -4,6 +4,11 @@
 //       out = x * rsqrt(mean(x^2, last axis) + eps) * weight
 //   fd_fused_add_rms_norm(x, residual, weight, eps) -> (out, new_residual):
 //       new_residual = x + residual; out = fd_rms_norm(new_residual, weight, eps)
+//   fd_qk_rms_norm(qkv, q_weight, k_weight, num_heads, num_kv_heads, eps) -> qkv, in place:
+//       each q head of qkv normalised with q_weight, each k head with k_weight, v untouched (Qwen3's
+//       per-head q/k norm, before RoPE); qkv: [n, (num_heads + 2 num_kv_heads) * head_dim] contiguous,
+//       the weights [head_dim]. The layer-by-layer path (decoder_layer.py) and fd_decoder_layers
+//       both call it, so the two agree bit for bit.
 //
 // x, residual: [..., hidden] float32 (each run of `hidden` values is one row: [n, hidden]
 // or [n, heads, head_dim]); weight: [hidden]. The math and its order, (x * r) * weight with r
@@ -82,6 +87,30 @@ std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddl
   return {out, sum};
 }
 
+void QkRmsNorm(paddle::Tensor& qkv, const paddle::Tensor& q_weight, const paddle::Tensor& k_weight, int num_heads,
+               int num_kv_heads, float eps) {
+  PD_CHECK(qkv.is_cpu() && q_weight.is_cpu() && k_weight.is_cpu(), "fd_qk_rms_norm runs on CPU tensors");
+  PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && q_weight.dtype() == paddle::DataType::FLOAT32 &&
+               k_weight.dtype() == paddle::DataType::FLOAT32,
+           "fd_qk_rms_norm takes float32 tensors");
+  const int64_t dim = q_weight.numel(), heads = num_heads, kv_heads = num_kv_heads;
+  PD_CHECK(k_weight.numel() == dim, "fd_qk_rms_norm: k_weight has ", k_weight.numel(), " values, q_weight ", dim);
+  PD_CHECK(qkv.shape().size() == 2 && qkv.shape()[1] == (heads + 2 * kv_heads) * dim,
+           "fd_qk_rms_norm: qkv must be [n, (num_heads + 2 num_kv_heads) * head_dim] = [n, ",
+           (heads + 2 * kv_heads) * dim, "]");
+  const int64_t n = qkv.shape()[0], row = qkv.shape()[1];
+  float* data = qkv.data<float>();
+  const float* qw = q_weight.data<float>();
+  const float* kw = k_weight.data<float>();
+#pragma omp parallel for schedule(static) if (n * row >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) {
+    float* q = data + i * row;
+    for (int64_t h = 0; h < heads; ++h) NormalizeRow(q + h * dim, qw, eps, dim, q + h * dim);
+    float* k = q + heads * dim;
+    for (int64_t h = 0; h < kv_heads; ++h) NormalizeRow(k + h * dim, kw, eps, dim, k + h * dim);
+  }
+}
+
 std::vector<std::vector<int64_t>> RmsNormInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) {
   return {x};
 }
@@ -106,6 +135,13 @@ PD_BUILD_OP(fd_rms_norm)
     .SetKernelFn(PD_KERNEL(RmsNorm))
     .SetInferShapeFn(PD_INFER_SHAPE(RmsNormInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(RmsNormInferDtype));
+
+PD_BUILD_OP(fd_qk_rms_norm)
+    .Inputs({"Qkv", "QWeight", "KWeight"})
+    .Outputs({"Out"})
+    .SetInplaceMap({{"Qkv", "Out"}})
+    .Attrs({"num_heads: int", "num_kv_heads: int", "eps: float"})
+    .SetKernelFn(PD_KERNEL(QkRmsNorm));
 
 PD_BUILD_OP(fd_fused_add_rms_norm)
     .Inputs({"X", "Residual", "Weight"})

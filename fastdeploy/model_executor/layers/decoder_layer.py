@@ -10,8 +10,9 @@ q_proj/k_proj/v_proj), self_attn.o_proj.{weight,bias?}, self_attn.{q,k}_norm.wei
 post_attention_layernorm.weight, and the MLP's (layers/mlp.py DenseMLP, or layers/moe.py SparseMoE).
 Optional parts follow ModelConfig: `qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`.
 
-A layer without those optional parts, with a dense MLP and 1-D RoPE is `plain`: layers/fused_decoder_layers.py
-may run it inside the compiled `fd_decoder_layers` op instead of through `forward`.
+A layer with a dense MLP (biases and q/k norms or not) and 1-D RoPE is `fusable`:
+layers/fused_decoder_layers.py may run it inside the compiled `fd_decoder_layers` op instead of
+through `forward` (MoE layers and M-RoPE layers always run through `forward`).
 
 Under tensor parallelism each rank holds some heads and a slice of the MLP (distributed/sharding.py),
 so o_proj and the MLP (dense or MoE, shared experts included) give partial sums: one all-reduce
@@ -28,6 +29,7 @@ from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
+from fastdeploy.model_executor.ops import compiled_op
 
 
 class Attention(paddle.nn.Layer):
@@ -51,6 +53,7 @@ class Attention(paddle.nn.Layer):
                              select_linear_method(quant_config, [f"{prefix}.o_proj.weight"]))
         self.q_norm = RMSNorm(dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(dim, config.rms_norm_eps) if config.qk_norm else None
+        self._qk_norm_op = compiled_op("fd_qk_rms_norm") if config.qk_norm else None
         self.rotary_emb = rope
         self.attn = attn_backend
 
@@ -64,7 +67,13 @@ class Attention(paddle.nn.Layer):
         return self.o_proj(out)  # [n, heads * head_dim] -> [n, hidden]
 
     def _qk_norm(self, qkv: paddle.Tensor) -> paddle.Tensor:
-        """Per-head RMSNorm of q and k over head_dim (Qwen3); qkv [n, q_size + 2 kv_size] -> a new one."""
+        """Per-head RMSNorm of q and k over head_dim (Qwen3); qkv [n, q_size + 2 kv_size] -> normed qkv:
+        in place by the compiled `fd_qk_rms_norm` (the kernel fd_decoder_layers runs), else a new
+        tensor through the q_norm/k_norm layers."""
+        if self._qk_norm_op is not None:
+            self._qk_norm_op(qkv, self.q_norm.weight, self.k_norm.weight, self.num_heads, self.num_kv_heads,
+                             self.q_norm.eps)
+            return qkv
         n, dim, q, kv = qkv.shape[0], self.head_dim, self.q_size, self.kv_size
         q_heads = self.q_norm(qkv[:, :q].reshape([n, self.num_heads, dim]))
         k_heads = self.k_norm(qkv[:, q : q + kv].reshape([n, self.num_kv_heads, dim]))
@@ -79,10 +88,9 @@ class DecoderLayer(paddle.nn.Layer):
         self.self_attn = Attention(config, layer_index, rope, attn_backend, quant_config, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
-        # the fused op rotates with 1-D positions' tables, so M-RoPE layers are never plain
-        self.plain = (type(mlp) is DenseMLP and not mlp.has_bias and self.self_attn.q_norm is None
-                      and self.self_attn.qkv_proj.bias is None and self.self_attn.o_proj.bias is None
-                      and type(rope) is RotaryEmbedding)
+        # the fused op runs a dense MLP and rotates with 1-D positions' tables: MoE and M-RoPE layers
+        # are never fusable
+        self.fusable = type(mlp) is DenseMLP and type(rope) is RotaryEmbedding
         group = get_tp_group()
         self.all_reduce = group.all_reduce if group.size > 1 else _identity
 
