@@ -301,7 +301,8 @@ void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t st
     _tile_loadd(7, w + 96, 256);
     _tile_dpbf16ps(2, 4, 6); _tile_dpbf16ps(3, 4, 7);
   }
-  _tile_stored(0, acc, 256); _tile_stored(1, acc + 16, 256); _tile_stored(2, acc + 32, 256); _tile_stored(3, acc + 48, 256);
+  _tile_stored(0, acc, 256); _tile_stored(1, acc + 16, 256);
+  _tile_stored(2, acc + 32, 256); _tile_stored(3, acc + 48, 256);
 }
 
 // y[M, panel's columns] = acc[M, 64] (times wint8's column scales), the padded columns left out.
