@@ -1,6 +1,6 @@
 """Linear-layer kernels at ERNIE-4.5-0.3B's shapes: ours (bf16 / wint8 / wint4) vs Paddle fp32 vs MKL.
 
-For each weight of the model (qkv, o, gate_up, down, lm_head; K and N below) and M = 1, 8, 32, 256 rows
+For each weight of the model (qkv, o, gate_up, down, lm_head; K and N below) and M = 1, 8, 32, 64, 256 rows
 of x, the best of --repeats timings of y = x @ W^T, two threads, printed as GFLOP/s (2 M N K / t) with
 the weight's GB/s (bytes of W as the kernel reads it / t; what bounds decode), and, in a second table,
 GFLOP per CPU-second (t the process's CPU time over both threads): the kernel's efficiency per core,
@@ -8,7 +8,8 @@ which other jobs on the machine disturb far less than wall time:
 
   * paddle-fp32: `paddle.matmul(x, W[K, N])` (Paddle's bundled MKL 2019; MKL_DEBUG_CPU_TYPE=5 set by
     `import fastdeploy`), the engine's dense path today;
-  * ours-bf16 / ours-wint8 / ours-wint4: the compiled `fd_packed_linear` (AVX512-BF16 tiles);
+  * ours-bf16 / ours-wint8 / ours-wint4: the compiled `fd_packed_linear` (AVX512-BF16 register tiles; from
+    7 rows AMX tiles where the CPU has AMX);
   * mkl-bf16: MKL's `cblas_gemm_bf16bf16f32` (x and W in bf16, float32 out), and mkl-bf16-packed on a
     weight packed once by `cblas_gemm_bf16bf16f32_pack`;
   * mkl-s8u8: MKL's `cblas_gemm_s8u8s32` (W int8, x as uint8: integer-only, a W8A8 kernel, so only a
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 # ERNIE-4.5-0.3B: hidden 1024, 16 heads and 2 KV heads of 128, intermediate 3072, vocab 103424
 SHAPES = {"qkv": (1024, 2560), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024),
           "lm_head": (1024, 103424)}  # name: (K, N)
-ROWS = (1, 8, 32, 256)
+ROWS = (1, 8, 32, 64, 256)
 THREADS = 2
 
 

@@ -3,19 +3,35 @@
 //   y[M, N] = x[M, K] @ W^T      (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/kWint4)
 //
 // x is rounded to bf16 once per call; each product of two bf16 values is exact in float32 and the sum is
-// float32 (AVX512-BF16's vdpbf16ps on CPUs that have it). Paths:
+// float32 (AVX512-BF16's vdpbf16ps, AMX's tdpbf16ps, on CPUs that have them). Paths:
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
 //     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); above,
-//     int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in L2), reused by every
-//     6-row block.
+//     where AMX is absent, int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in
+//     L2), reused by every 6-row block.
+//   * AMX-BF16 (compiled when -march=native has it, on Linux; used from 7 rows when the kernel grants the
+//     process the tile state): the bf16 panel is, as it is, the B operand of `tdpbf16ps` (16 pairs x 16
+//     columns per tile: a panel row of 256 bytes holds four tiles' rows); x, rounded into a 64-byte aligned
+//     buffer zero padded to 16 rows and to K a multiple of 32, gives A tiles of 16 rows x 32 values. Blocks
+//     of 32 rows x 32 columns (2 A, 2 B, 4 accumulator tiles), then one of 16 rows x 64 columns for the rest,
+//     over all of K; accumulators go through a per-thread buffer to y (wint8 scales, padded columns cut).
+//     int8/int4 panels, and bf16 ones when K is not a multiple of 32, are converted to a zero padded bf16
+//     panel first.
 //   * portable (no AVX512-BF16, or `portable` set, which the tests use): the same values in plain loops
 //     over a float32 copy of one panel at a time.
 // Threads take panels one at a time from an atomic counter (OpenMP `parallel` with the split by hand: see
 // custom_ops/README.md, "OpenMP runtime"), when the call has enough work to pay for waking them.
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+
+// AMX-BF16 tiles where the compiler targets them, with AVX512-BF16 (the int8/int4 conversion) and Linux
+// (the tile state is requested from the kernel)
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define PACKED_LINEAR_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -37,17 +53,24 @@ using namespace packed;
 constexpr int64_t kParallelMacs = 1 << 17;  // multiply-adds below which one thread is faster
 constexpr int kMaxTileRows = 6;
 
-// x [M, K] float32 -> bf16 [M, K] (rows m0..m1)
-void RoundRows(const float* x, int64_t K, int64_t m0, int64_t m1, uint16_t* xb) {
+// The first 64-byte boundary at or after p (of a buffer allocated 64 bytes longer): AMX tile
+// rows then never straddle two cache lines.
+template <class T>
+T* Align64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
+// x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row are left as they are)
+void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, uint16_t* xb) {
   for (int64_t m = m0; m < m1; ++m) {
     int64_t k = 0;
 #ifdef __AVX512BF16__
     for (; k + 16 <= K; k += 16) {
       const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + m * K + k));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + m * K + k), reinterpret_cast<const __m256i&>(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + m * ldx + k), reinterpret_cast<const __m256i&>(h));
     }
 #endif
-    for (; k < K; ++k) xb[m * K + k] = RoundToBf16(x[m * K + k]);
+    for (; k < K; ++k) xb[m * ldx + k] = RoundToBf16(x[m * K + k]);
   }
 }
 
@@ -172,6 +195,16 @@ void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1
   }
 }
 
+// A panel's pairs 0..K2-1 as bf16 [K2, 128] (the bf16 panel layout), int8/int4 converted.
+template <int64_t KIND>
+void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, uint16_t* out) {
+  for (int64_t k2 = 0; k2 < K2; ++k2)
+    for (int j = 0; j < 4; ++j) {
+      const __m512bh v = LoadW<KIND>(panel, panel_scales, k2, j);
+      _mm512_storeu_si512(out + k2 * 128 + j * 32, reinterpret_cast<const __m512i&>(v));
+    }
+}
+
 // Panels of W taken one at a time from `next` (an atomic counter shared by the threads: a thread the OS
 // pauses delays one panel, not a fixed share of them). Up to kMaxTileRows rows: one tile per panel over all of K, W streamed once. More:
 // pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
@@ -194,11 +227,7 @@ void Panels(const uint32_t* xb, int64_t M, int64_t K2, const uint8_t* w, const L
       continue;
     }
     if constexpr (KIND != kBf16) {
-      for (int64_t k2 = 0; k2 < K2; ++k2)
-        for (int j = 0; j < 4; ++j) {
-          const __m512bh v = LoadW<KIND>(panel, panel_scales, k2, j);
-          _mm512_storeu_si512(bf16_panel.data() + k2 * 128 + j * 32, reinterpret_cast<const __m512i&>(v));
-        }
+      ToBf16Panel<KIND>(panel, panel_scales, K2, bf16_panel.data());
       panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
     }
     for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
@@ -207,6 +236,115 @@ void Panels(const uint32_t* xb, int64_t M, int64_t K2, const uint8_t* w, const L
     }
   }
 }
+
+#ifdef PACKED_LINEAR_AMX
+// ---- AMX-BF16 path ----------------------------------------------------------------------------------
+// Eight tiles, each 16 rows x 64 bytes: 0-3 accumulators (16 rows x 16 float32 columns), 4-5 x (16 rows
+// x 32 bf16 values of K: one step), 6-7 W (16 pairs x the 16 columns' bf16 pairs: 64 bytes of 16 panel
+// rows, read at the panel's row stride of 256 bytes; the packed layout is the tile's pair layout).
+// `_tile_dpbf16ps` adds the products of each pair into float32.
+constexpr int64_t kAmxRows = 16, kAmxStepK = 32;  // rows of a tile; values of K per step (16 pairs)
+constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W streamed once)
+
+// Linux gives a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA), once per process; false (no AMX from the kernel) means the AVX512-BF16 path.
+bool AmxPermitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return permitted;
+}
+
+struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg (palette 1)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void ConfigureTiles() {  // per thread, before its first tile instruction
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kAmxRows;
+  }
+  _tile_loadconfig(&config);
+}
+
+// acc[32 rows, 64 columns] = x[32 rows] . panel over all `steps` (x: bf16 rows at a stride of ldx values;
+// panel: bf16 [pairs, 128]; acc: float32 rows of 64). Two passes of 32 columns, each 2 x 2 tiles.
+void Amx32Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
+  for (int64_t half = 0; half < 2; ++half) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t s = 0; s < steps; ++s) {
+      const uint16_t* w = panel + s * 16 * 128 + 64 * half;  // pairs 16 s.., columns 32 half..
+      _tile_loadd(4, x + s * kAmxStepK, ldx * 2);
+      _tile_loadd(5, x + 16 * ldx + s * kAmxStepK, ldx * 2);
+      _tile_loadd(6, w, 256);
+      _tile_loadd(7, w + 32, 256);
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
+    float* c = acc + 32 * half;
+    _tile_stored(0, c, 256); _tile_stored(1, c + 16, 256);
+    _tile_stored(2, c + 16 * kPanel, 256); _tile_stored(3, c + 16 * kPanel + 16, 256);
+  }
+}
+
+// The same for 16 rows: one x tile, the four 16-column groups in turn.
+void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* w = panel + s * 16 * 128;
+    _tile_loadd(4, x + s * kAmxStepK, ldx * 2);
+    _tile_loadd(6, w, 256);
+    _tile_loadd(7, w + 32, 256);
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(6, w + 64, 256);
+    _tile_loadd(7, w + 96, 256);
+    _tile_dpbf16ps(2, 4, 6); _tile_dpbf16ps(3, 4, 7);
+  }
+  _tile_stored(0, acc, 256); _tile_stored(1, acc + 16, 256);
+  _tile_stored(2, acc + 32, 256); _tile_stored(3, acc + 48, 256);
+}
+
+// y[M, panel's columns] = acc[M, 64] (times wint8's column scales), the padded columns left out.
+void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t cols, float* y, int64_t ldy) {
+  for (int j = 0; j < 4; ++j) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+    const __m512 s = col_scales ? _mm512_maskz_loadu_ps(mask, col_scales + 16 * j) : _mm512_set1_ps(1.f);
+    for (int64_t m = 0; m < M; ++m)
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, mask, _mm512_mul_ps(_mm512_loadu_ps(acc + m * kPanel + 16 * j), s));
+  }
+}
+
+// Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
+// to 32, zero padded. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written
+// as a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K).
+template <int64_t KIND>
+void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
+               int64_t N, std::atomic<int64_t>& next, float* y) {
+  const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
+  const bool copy = KIND != kBf16 || 2 * K2 != ldx;
+  std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
+  std::vector<float> acc_buffer(rows * kPanel + 16);
+  uint16_t* bf16_panel = Align64(bf16_buffer.data());  // [ldx / 2 pairs, 128]
+  float* acc = Align64(acc_buffer.data());             // [rows, 64]
+  const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
+  ConfigureTiles();
+  for (int64_t p = next++; p < l.panels; p = next++) {
+    const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
+    const uint16_t* panel = reinterpret_cast<const uint16_t*>(w + p * l.panel_bytes);
+    if (copy) {
+      ToBf16Panel<KIND>(w + p * l.panel_bytes, panel_scales, K2, bf16_panel);
+      panel = bf16_panel;
+    }
+    int64_t r = 0;
+    for (; r + 2 * kAmxRows <= rows; r += 2 * kAmxRows) Amx32Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
+    if (r < rows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
+    StoreRows(acc, M, KIND == kWint8 ? panel_scales : nullptr, std::min(kPanel, N - p * kPanel),
+              y + p * kPanel, N);
+  }
+  _tile_release();
+}
+#endif
 #endif
 
 }  // namespace
@@ -230,13 +368,21 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   const float* xd = x.data<float>();
   const uint8_t* wd = weight.data<uint8_t>();
   float* yd = y.data<float>();
-  std::vector<uint16_t> xb(M * K);
-  std::atomic<int64_t> next{0};  // the next panel to compute
 #ifdef __AVX512BF16__
   const bool fast = !portable;
 #else
   const bool fast = false;
 #endif
+#ifdef PACKED_LINEAR_AMX
+  const bool amx = fast && M >= kAmxMinRows && AmxPermitted();
+#else
+  const bool amx = false;
+#endif
+  // x as bf16 [M, K]; for AMX [M rounded up to 16, K rounded up to 32], zero padded
+  const int64_t ldx = amx ? (K + 31) / 32 * 32 : K, rows = amx ? (M + 15) / 16 * 16 : M;
+  std::vector<uint16_t> xb_buffer(rows * ldx + 32);
+  uint16_t* xb = Align64(xb_buffer.data());
+  std::atomic<int64_t> next{0};  // the next panel to compute
 #pragma omp parallel if (M * N * K >= kParallelMacs)
   {
 #ifdef _OPENMP
@@ -244,11 +390,19 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #else
     const int64_t threads = 1, id = 0;
 #endif
-    RoundRows(xd, K, M * id / threads, M * (id + 1) / threads, xb.data());
+    RoundRows(xd, K, ldx, M * id / threads, M * (id + 1) / threads, xb);
 #pragma omp barrier
-    if (fast) {
+    if (amx) {
+#ifdef PACKED_LINEAR_AMX
+      switch (kind) {
+        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
+        case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
+        default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
+      }
+#endif
+    } else if (fast) {
 #ifdef __AVX512BF16__
-      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb.data());
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb);
       switch (kind) {
         case kBf16: Panels<kBf16>(pairs, M, l.k2, wd, l, N, next, yd); break;
         case kWint8: Panels<kWint8>(pairs, M, l.k2, wd, l, N, next, yd); break;
@@ -257,7 +411,7 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #endif
     } else {
       std::vector<float> tile;
-      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb.data(), M, K, wd, l, kind, p, N, yd, tile);
+      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, yd, tile);
     }
   }
   return {y};

@@ -7,7 +7,8 @@
 //   weights: P = ceil(N / 64) panels of 64 output columns (the last padded with zeros); per panel, for
 //            every pair of input features (k2 = k / 2), the 64 columns' two values (column-major pairs:
 //            lane 2c + t holds W[64p + c, 2 k2 + t]), i.e. the operand order of AVX512-BF16's
-//            `vdpbf16ps`, four 16-column registers per k2.
+//            `vdpbf16ps`, four 16-column registers per k2; for bf16, read at a row stride of 256 bytes,
+//            also AMX's B tile (16 pairs x 16 columns at byte offset 64 j for columns 16 j..16 j + 15).
 //            bf16: 2 bytes per value. wint8: int8 q, W = q * s[n] (per-channel scale).
 //            wint4: per k2 and 16-column register, 16 bytes: byte i holds lane i in its low nibble and
 //            lane i + 16 in its high nibble, q in [0, 15]; W = q * d[g, n] + m[g, n], group g = k / 32

@@ -3,8 +3,9 @@
 Oracle: the weights each kind stores, derived here from their definitions (bf16 rounding to nearest even
 written independently of the engine's; absmax int8 per output feature; min/max int4 per 32 inputs), x
 rounded to bf16 the same way, and a float64 matmul. Tolerance: 2e-6 * K relative to sum_k |x||w| (float32
-sums of exact products, in another order). Both the AVX512-BF16 path (where the CPU has it) and the
-portable path (forced by the op's `portable` flag) are checked.
+sums of exact products, in another order). The compiled paths the CPU has (AVX512-BF16 register tiles up to
+6 rows; AMX tiles from 7 rows where the CPU has AMX, else the AVX512-BF16 tiles) and the portable path
+(forced by the op's `portable` flag) are checked, with the tails of each (rows, K, N).
 """
 import numpy as np
 import paddle
@@ -59,9 +60,19 @@ def compiled(name):
     return op
 
 
+# (M, N, K). Up to 6 rows: the AVX512-BF16 register tiles. From 7 rows on a CPU with AMX: AMX tiles, in
+# blocks of 32 rows then 16 (x zero padded: M = 7, 16, 17, 33, 100 hit each tail); N not a multiple of 64
+# leaves padded panel columns out of y.
+SHAPES = [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (16, 64, 96), (17, 130, 160), (33, 70, 256),
+          (40, 70, 128), (100, 200, 192)]
+# K not a multiple of 32 (bf16 and wint8 only; wint4 groups are 32 wide): AMX steps are 32 values of K, so
+# the last step is zero padded
+K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (16, 64, 130), (17, 130, 208), (33, 64, 176), (100, 70, 2098)]
+
+
 @pytest.mark.parametrize("portable", [False, True])
-@pytest.mark.parametrize("name", sorted(KINDS))
-@pytest.mark.parametrize("m,n,k", [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (40, 70, 128)])
+@pytest.mark.parametrize("name,m,n,k", [(name, *shape) for name in sorted(KINDS) for shape in SHAPES] +
+                         [(name, *shape) for name in ("bf16", "wint8") for shape in K_TAIL_SHAPES])
 def test_linear_matches_float64(name, portable, m, n, k):
     kind = KINDS[name]
     rng = np.random.default_rng(m * 1000 + n)
