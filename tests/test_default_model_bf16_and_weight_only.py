@@ -64,17 +64,25 @@ def chat_prompts(tok):
     return prompts
 
 
-def test_bf16_greedy_matches_transformers_float32(hf_dir, smollm_hf, chat_prompts):
-    llm = LLM(model=str(hf_dir), dtype="bfloat16", max_model_len=512, max_num_seqs=32)
+@pytest.fixture(scope="module")
+def float32_greedy(smollm_hf, chat_prompts):
+    """transformers float32's 16 greedy tokens for each chat prompt (EOS ignored)."""
+    with torch.no_grad():
+        return [smollm_hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+                for prompt in chat_prompts]
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_bf16_greedy_matches_transformers_float32(source, hf_dir, smollm_path, chat_prompts, float32_greedy):
+    """From the HF float32 directory, and from the GGUF file itself (its Q4_1 blocks dequantized at load,
+    the same float values transformers dequantizes, then held in bf16)."""
+    model = str(hf_dir) if source == "hf" else smollm_path
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=512, max_num_seqs=32)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     ours = [o.outputs.token_ids for o in run(llm, chat_prompts, params)]
     del llm
-    same = 0
-    with torch.no_grad():
-        for prompt, tokens in zip(chat_prompts, ours):
-            out = smollm_hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                     eos_token_id=None, pad_token_id=0)
-            same += out[0, len(prompt):].tolist() == tokens
+    same = sum(a == b for a, b in zip(ours, float32_greedy))
     assert same >= 28, f"{same} of 32 greedy continuations equal transformers float32"
 
 

@@ -145,7 +145,7 @@ def test_bad_settings_are_value_errors_naming_field_value_and_allowed(kwargs, ma
         EngineArgs.from_kwargs(None, kwargs)
 
 
-def test_auto_rule_and_gguf_refusals():
+def test_auto_rule_and_gguf_settings():
     bf16_config = {"torch_dtype": "bfloat16"}
     assert resolve_weight_format("auto", None, bf16_config, None, cpu_bf16=True).name == "bfloat16"
     assert resolve_weight_format("auto", None, bf16_config, None, cpu_bf16=False).name == "float32"
@@ -163,8 +163,8 @@ def test_auto_rule_and_gguf_refusals():
     assert resolve_weight_format("auto", None, {}, gguf).quant_config is gguf
     with pytest.raises(ValueError, match="quantization='wint8' applies to float checkpoints"):
         resolve_weight_format("auto", "wint8", {}, gguf)
-    with pytest.raises(ValueError, match="dtype='bfloat16' applies to float checkpoints"):
-        resolve_weight_format("bfloat16", None, {}, gguf)
+    held_in_bf16 = resolve_weight_format("bfloat16", None, {}, gguf)  # the blocks dequantized at load
+    assert held_in_bf16.name == "bfloat16" and held_in_bf16.quant_config is not gguf
 
 
 @pytest.mark.parametrize("settings", [dict(dtype="float32"), dict(dtype="bfloat16"), dict(quantization="wint8"),

@@ -2,8 +2,10 @@
 
 `resolve_weight_format` is the one place that decides, before the model is built:
 
-  * a GGUF file: its blocks, as stored (the header's GGUFConfig); `quantization` is refused (the file
-    is quantized already) and so is `dtype="bfloat16"` (the GGUF kernels compute on the blocks);
+  * a GGUF file: its blocks, as stored (the header's GGUFConfig), or with `dtype="bfloat16"` the blocks
+    dequantized at load and held in bf16 (batches then run the bf16 GEMM, AMX tiles where the CPU has
+    them, instead of the GGUF kernels' float32 math); `quantization` is refused (the file is quantized
+    already);
   * `quantization="wint8" | "wint4"` (FastDeploy's names; float checkpoints): weight-only int8 per
     output feature / asymmetric int4 per group of 32 inputs (layers/quantization/packed.py);
   * `dtype="bfloat16"`: weights held in bf16;
@@ -76,10 +78,8 @@ def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: di
         if quantization is not None:
             raise ValueError(f"quantization={quantization!r} applies to float checkpoints (HF or Paddle "
                              "safetensors); this GGUF file is quantized already: leave quantization unset")
-        if dtype == "bfloat16":
-            raise ValueError("dtype='bfloat16' applies to float checkpoints; a GGUF file runs on its blocks "
-                             "as stored: use dtype='auto' or 'float32'")
-        return WeightFormat("gguf", source_quant_config)
+        if dtype != "bfloat16":
+            return WeightFormat("gguf", source_quant_config)
     if quantization is not None:
         wanted = quantization
     elif dtype == "bfloat16":
