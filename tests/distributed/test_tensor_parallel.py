@@ -154,11 +154,20 @@ def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama):
     llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
     try:
         ref = greedy_with_gaps(llm, TINY_PROMPTS, 16)
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C while a step runs
-        timer.start()
+        executor = llm.llm_engine.executor
+        broadcast, sent = executor._broadcast, []
+
+        def broadcast_then_ctrl_c(payload):  # Ctrl-C on the 5th step, sent to the workers, not yet answered
+            broadcast(payload)
+            sent.append(payload)
+            if len(sent) == 5:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        executor._broadcast = broadcast_then_ctrl_c
         with pytest.raises(KeyboardInterrupt):
             llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
-        timer.join()
+        del executor._broadcast
+        assert len(sent) == 5 and executor._unanswered  # interrupted mid-step: its answers still pending
         # the interrupted step's answers are drained first; the next call gets its own tokens
         assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 16), ref, "after Ctrl-C")
     finally:
