@@ -164,8 +164,13 @@ def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama):
                 os.kill(os.getpid(), signal.SIGINT)
 
         executor._broadcast = broadcast_then_ctrl_c
-        with pytest.raises(KeyboardInterrupt):
-            llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
+        # a test run started in the background by a shell ignores SIGINT: Ctrl-C's handler set here
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         del executor._broadcast
         assert len(sent) == 5 and executor._unanswered  # interrupted mid-step: its answers still pending
         # the interrupted step's answers are drained first; the next call gets its own tokens

@@ -21,8 +21,7 @@ def test_ernie_without_declared_class_replaces_the_generic_conversion(ernie_spm,
     from transformers import AutoTokenizer, TokenizersBackend
 
     generic = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    assert type(generic) is TokenizersBackend
-    assert generic.encode("x<mask:2>y", add_special_tokens=False) != sp.encode("x<mask:2>y")  # spelled out
+    assert type(generic) is TokenizersBackend  # (transformers 5.23 also spelled "<mask:2>" out; 5.24 does not)
     tok = load_model_tokenizer(path)
     assert type(tok) is not TokenizersBackend
     assert tok.encode("x<mask:2>y<|im_start|>", add_special_tokens=False) == sp.encode("x<mask:2>y<|im_start|>")
