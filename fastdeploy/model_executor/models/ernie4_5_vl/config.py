@@ -11,7 +11,7 @@
   `spatial_conv_size`, `temporal_conv_size`, and `vision_config` {depth, embed_dim or hidden_size,
   num_heads, mlp_ratio, hidden_act, patch_size, in_channels}.
 The six special token ids (`VLTokenIds`) have one source, `token_ids(config, tokenizer)`, read by
-the model (routing, placement) and the input processor alike:
+the model (routing to the vision experts) and the input processor (placement) alike:
 - nested: config.json's keys, else transformers' defaults (what transformers' model uses: its
   config class fills them; ERNIE-4.5-VL's vocabulary);
 - flat: `im_patch_id` (or `image_token_id`) for images and videos alike (FastDeploy has no video
