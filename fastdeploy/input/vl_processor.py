@@ -158,7 +158,7 @@ class VLInputProcessor(InputProcessor):
 
     def __init__(self, fd_config, tokenizer):
         super().__init__(fd_config, tokenizer)
-        self.token_ids = token_ids(fd_config.model_config.hf_config, tokenizer)  # the model's, models/ernie4_5_vl/config.py
+        self.token_ids = token_ids(fd_config.model_config.hf_config, tokenizer)  # as the model (config.py)
         self.settings = VLSettings.from_kwargs(fd_config.mm_processor_kwargs)
         self.limits = merge_mm_limits(fd_config.limit_mm_per_prompt)
 
