@@ -153,3 +153,27 @@ def write_mp4(path, frames, fps: float) -> bytes:
                     "rgb24", "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-c:v", "libx264rgb", "-qp", "0",
                     str(path)], input=frames.tobytes(), check=True, timeout=60)
     return Path(path).read_bytes()
+
+
+def flat_config(hf: dict) -> dict:
+    """The nested config.json `hf` of build_tiny_vl as FastDeploy's flat Paddle-layout config: text keys at
+    the top level, `im_patch_id` and no other token id (FastDeploy reads the delimiters from the
+    tokenizer), FastDeploy's MoE, M-RoPE and vision keys (model_executor/test_ernie4_5_vl_checkpoints.py)."""
+    text, vision = hf["text_config"], hf["vision_config"]
+    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "use_bias", "moe_k",
+            "moe_num_shared_experts", "moe_norm_min"]
+    config = {k: text[k] for k in keys}
+    sparse = [i for i, t in enumerate(text["mlp_layer_types"]) if t == "sparse"]
+    config.update(
+        architectures=hf["architectures"], dtype="float32", tie_word_embeddings=hf["tie_word_embeddings"],
+        rope_theta=text["rope_parameters"]["rope_theta"], freq_allocation=text["rope_parameters"]["mrope_section"][2],
+        moe_num_experts=[text["moe_num_experts"]] * 2, moe_intermediate_size=text["moe_intermediate_size"],
+        moe_layer_start_index=sparse[0], moe_layer_end_index=[sparse[-1], sparse[-1]], moe_layer_interval=1,
+        moe_use_aux_free=True, im_patch_id=hf["image_token_id"], spatial_conv_size=vision["spatial_merge_size"],
+        temporal_conv_size=vision["temporal_merge_size"],
+        vision_config=dict(depth=vision["depth"], embed_dim=vision["hidden_size"], num_heads=vision["num_heads"],
+                           mlp_ratio=vision["intermediate_size"] / vision["hidden_size"],
+                           hidden_act=vision["hidden_act"], patch_size=vision["patch_size"],
+                           in_channels=vision["in_channels"], spatial_merge_size=vision["spatial_merge_size"]))
+    return config

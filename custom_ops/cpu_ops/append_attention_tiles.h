@@ -1,4 +1,4 @@
-// The flash-attention tile kernels of append_attention's prefill item, shared with vision_attention:
+// The flash-attention tile kernels of append_attention's prefill item:
 // scores of a key block against a tile of up to 64 query rows held transposed (laid out [key][row],
 // register-blocked FMAs with broadcast operands), and the online-softmax step over one block,
 // vectorised over rows.

@@ -54,6 +54,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        from fastdeploy.input.processors import complete_hf_config
         from fastdeploy.input.tokenizer import load_tokenizer
         from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
         from fastdeploy.model_executor.model_loader import open_model
@@ -62,9 +63,10 @@ class LLMEngine:
         start = time.perf_counter()
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)
-        weight_format = resolve_weight_format(args.dtype, args.quantization, source.hf_config, source.quant_config,
+        hf_config = complete_hf_config(source.hf_config, tokenizer)  # ERNIE-4.5-VL: its token ids resolved
+        weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config,
                                               tensor_parallel_size=args.tensor_parallel_size)
-        config = args.create_engine_config(path, source.hf_config, source.generation_config,
+        config = args.create_engine_config(path, hf_config, source.generation_config,
                                            weight_format.bytes_per_weight, weight_format.lm_head_bytes_per_weight)
         source.release_metadata()
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards

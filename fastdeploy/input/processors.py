@@ -12,6 +12,18 @@ from fastdeploy.input.input_processor import InputProcessor
 VL_ARCHITECTURES = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
 
 
+def complete_hf_config(hf_config: dict, tokenizer) -> dict:
+    """config.json with what the model reads from the tokenizer: an ERNIE-4.5-VL checkpoint gets its
+    special token ids resolved once (models/ernie4_5_vl/config.py `with_token_ids`; ValueError when
+    one is in neither), so its model and its input processor use the same ids. Others: unchanged."""
+    architectures = hf_config.get("architectures") or []
+    if architectures and architectures[0] in VL_ARCHITECTURES:
+        from fastdeploy.model_executor.models.ernie4_5_vl.config import with_token_ids
+
+        return with_token_ids(hf_config, tokenizer)
+    return hf_config
+
+
 def make_input_processor(fd_config: FDConfig, tokenizer) -> InputProcessor:
     """VLInputProcessor for an ERNIE-4.5-VL checkpoint, else the text InputProcessor."""
     if fd_config.model_config.architecture in VL_ARCHITECTURES:

@@ -32,6 +32,7 @@ from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input import image_processor as improc
 from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt
 from fastdeploy.input.video_processor import VideoSampling, sample_video
+from fastdeploy.model_executor.models.ernie4_5_vl.config import token_ids
 from fastdeploy.multimodal import media
 from fastdeploy.multimodal.inputs import MultiModalFeature
 
@@ -112,41 +113,6 @@ def check_mm_limits(counts: dict, limits: dict, index: Optional[int] = None) -> 
                              f"{limits.get(modality, 0)}: raise LLM(limit_mm_per_prompt={{'{modality}': {count}}})")
 
 
-@dataclass(frozen=True)
-class VLTokenIds:
-    """The special ids of an ERNIE-4.5-VL checkpoint. `video` equals `image` in FastDeploy's Paddle
-    checkpoints (they have no video placeholder token)."""
-
-    image: int
-    image_start: int
-    image_end: int
-    video: int
-    video_start: int
-    video_end: int
-
-    @classmethod
-    def from_config(cls, hf_config: dict, tokenizer) -> "VLTokenIds":
-        """From transformers' config (`image_token_id`, ...) or FastDeploy's (`im_patch_id`, the rest from
-        the tokenizer's `<|IMAGE_START|>`, ... tokens). ValueError naming what is missing."""
-        def token(text):
-            token_id = tokenizer.convert_tokens_to_ids(text)
-            if token_id is None or token_id == tokenizer.unk_token_id:
-                raise ValueError(f"the tokenizer has no {text} token, which ERNIE-4.5-VL prompts need")
-            return token_id
-
-        image = hf_config.get("image_token_id", hf_config.get("im_patch_id"))
-        if image is None:
-            image = token("<|IMAGE_PLACEHOLDER|>")
-        return cls(
-            image=image,
-            image_start=hf_config.get("image_start_token_id") or token("<|IMAGE_START|>"),
-            image_end=hf_config.get("image_end_token_id") or token("<|IMAGE_END|>"),
-            video=hf_config.get("video_token_id") or image,
-            video_start=hf_config.get("video_start_token_id") or token("<|VIDEO_START|>"),
-            video_end=hf_config.get("video_end_token_id") or token("<|VIDEO_END|>"),
-        )
-
-
 @dataclass
 class MultiModalData:
     """A prompt's items in order, per modality: images (PIL images) and videos (a path, bytes, or a dict
@@ -192,7 +158,7 @@ class VLInputProcessor(InputProcessor):
 
     def __init__(self, fd_config, tokenizer):
         super().__init__(fd_config, tokenizer)
-        self.token_ids = VLTokenIds.from_config(fd_config.model_config.hf_config, tokenizer)
+        self.token_ids = token_ids(fd_config.model_config.hf_config, tokenizer)  # as the model (config.py)
         self.settings = VLSettings.from_kwargs(fd_config.mm_processor_kwargs)
         self.limits = merge_mm_limits(fd_config.limit_mm_per_prompt)
 

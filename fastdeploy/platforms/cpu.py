@@ -26,6 +26,12 @@ def _cpu_vendor() -> str:
     return ""
 
 
+def is_amd_cpu() -> bool:
+    """True on AMD CPUs (`vendor_id` AuthenticAMD in /proc/cpuinfo), where Paddle's bundled MKL needs
+    the settings of this module and row-blocked large GEMMs (models/ernie4_5_vl/vision.py)."""
+    return _cpu_vendor() == "AuthenticAMD"
+
+
 def prepare_environment() -> None:
     """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported,
     and `GOMP_SPINCOUNT=0` unless the user set it.
@@ -42,7 +48,7 @@ def prepare_environment() -> None:
             "paddle was imported before fastdeploy and OMP_NUM_THREADS is 1 (paddle sets it on import), "
             "so the engine will compute on one thread. Import fastdeploy first to use every core."
         )
-    if "MKL_DEBUG_CPU_TYPE" in os.environ or _cpu_vendor() != "AuthenticAMD":
+    if "MKL_DEBUG_CPU_TYPE" in os.environ or not is_amd_cpu():
         return
     if "paddle" in sys.modules:
         logger.warning(

@@ -8,6 +8,9 @@ Tolerances (float32 inputs of standard-normal scale):
   (one rounding of a*cos + b*sin, fused or not); v columns bit-identical; qkv rotated in place.
 - silu_and_mul: |got - ref| <= 2e-6 * |ref| per element (plus 1e-37 for underflow) for gates in
   [-80, 80], including a dense sweep of that range (the op's own exp).
+- quick_gelu: |got - ref| <= (2e-6 + 1.702 |x| 2^-24) * |ref| (plus 1e-37) for x in [-50, 80] (a dense
+  sweep; sizes with a partial last vector and several of the op's 2^14-element chunks): the second
+  term is the float32 rounding of exp's argument 1.702 x, which any float32 implementation makes.
 """
 import functools
 
@@ -17,7 +20,7 @@ import pytest
 
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
-from fastdeploy.model_executor.ops.activation import silu_and_mul
+from fastdeploy.model_executor.ops.activation import quick_gelu, silu_and_mul
 from fastdeploy.model_executor.ops.normalization import fused_add_rms_norm, rms_norm
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
 
@@ -26,7 +29,8 @@ PATHS = ["compiled", "fallback"]
 
 
 OP_OF = {rms_norm: "fd_rms_norm", fused_add_rms_norm: "fd_fused_add_rms_norm",
-         rotary_embedding_: "fd_rotary_embedding", silu_and_mul: "fd_silu_and_mul"}
+         rotary_embedding_: "fd_rotary_embedding", silu_and_mul: "fd_silu_and_mul",
+         quick_gelu: "fd_quick_gelu"}
 
 
 def run(path: str, shim, *args):
@@ -187,3 +191,17 @@ def test_silu_and_mul_op_at_extreme_gates():
     got = run("compiled", silu_and_mul, paddle.to_tensor(np.concatenate([gate, np.ones_like(gate)], 1))).numpy()
     assert np.all(np.abs(got[0, :3]) < 1e-30)
     np.testing.assert_array_equal(got[0, 3:], gate[0, 3:])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", [(1,), (7, 3), (3, 40000), (64, 1 << 14)])
+def test_quick_gelu(path, shape):
+    """x * sigmoid(1.702 x) against float64: random x of scale 4, and a dense sweep of [-50, 80]."""
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32) * 4
+    if x.size == 1 << 20:
+        x = np.linspace(-50, 80, x.size, dtype=np.float32).reshape(shape)
+    expected = x.astype(np.float64) / (1 + np.exp(-1.702 * x.astype(np.float64)))
+    got = run(path, quick_gelu, paddle.to_tensor(x)).numpy()
+    assert got.shape == x.shape
+    bound = (2e-6 + 1.702 * np.abs(x) * 2.0**-24) * np.abs(expected) + 1e-37
+    assert np.all(np.abs(got - expected) <= bound)

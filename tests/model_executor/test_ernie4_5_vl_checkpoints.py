@@ -4,12 +4,17 @@ The tiny HF checkpoint (tests/vl_helpers.py: nested config, PT names) is rewritt
 FastDeploy's Paddle layout as FastDeploy 2.3 reads it (../shared/reference/ernie-4.5-vl.md §2, §11;
 model_loader/paddle_layout.py): a flat config.json (im_patch_id, moe_num_experts [text, vision],
 moe_layer_start_index, freq_allocation, spatial/temporal_conv_size, vision_config with embed_dim and
-mlp_ratio, "dtype" and no "transformers_version"), `ernie.` prefixes, fused qkv_proj / up_gate_proj,
-every linear weight [in, out], routers [hidden, E] unchanged, the vision tower under `vision_model.`
-and the resampler under `ernie.resampler_model.`. Logits of the two loads are equal, and both
-configs normalise to the same VLConfig; bad configs are refused naming the key.
+mlp_ratio, "dtype" and no "transformers_version"; no delimiter ids: FastDeploy reads them from the
+tokenizer, copied beside it), `ernie.` prefixes, fused qkv_proj / up_gate_proj, every linear weight
+[in, out], routers [hidden, E] unchanged, the vision tower under `vision_model.` and the resampler under
+`ernie.resampler_model.`. Logits of the two loads are equal, and both configs normalise to the same
+VLConfig; bad configs are refused naming the key. The special token ids come from one place
+(config.py `token_ids`) in both formats: config keys, then transformers' defaults (nested) or the
+tokenizer (flat), a ValueError naming key and token when neither has one; the engine's completed
+config gives the model the ids the tokenizer gives the input processor.
 """
 import json
+import shutil
 
 import numpy as np
 import paddle
@@ -17,33 +22,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import vl_helpers
-from fastdeploy.model_executor.models.ernie4_5_vl.config import VLConfig
+from fastdeploy.input.processors import complete_hf_config
+from fastdeploy.input.tokenizer_loader import load_model_tokenizer
+from fastdeploy.model_executor.models.ernie4_5_vl.config import TOKEN_SOURCES, VLConfig, VLTokenIds, token_ids
 from vl_model_access import load_our_model, prefill_logits
 
 IMAGE, START, END = (vl_helpers.TOKEN_IDS[k] for k in ("image_token_id", "image_start_token_id", "image_end_token_id"))
-
-
-def flat_config(hf: dict) -> dict:
-    text, vision = hf["text_config"], hf["vision_config"]
-    keys = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "use_bias", "moe_k",
-            "moe_num_shared_experts", "moe_norm_min"]
-    config = {k: text[k] for k in keys}
-    sparse = [i for i, t in enumerate(text["mlp_layer_types"]) if t == "sparse"]
-    config.update(
-        architectures=hf["architectures"], dtype="float32", tie_word_embeddings=hf["tie_word_embeddings"],
-        rope_theta=text["rope_parameters"]["rope_theta"], freq_allocation=text["rope_parameters"]["mrope_section"][2],
-        moe_num_experts=[text["moe_num_experts"]] * 2, moe_intermediate_size=text["moe_intermediate_size"],
-        moe_layer_start_index=sparse[0], moe_layer_end_index=[sparse[-1], sparse[-1]], moe_layer_interval=1,
-        moe_use_aux_free=True, im_patch_id=hf["image_token_id"], spatial_conv_size=vision["spatial_merge_size"],
-        temporal_conv_size=vision["temporal_merge_size"],
-        image_start_token_id=hf["image_start_token_id"], image_end_token_id=hf["image_end_token_id"],
-        video_start_token_id=hf["video_start_token_id"], video_end_token_id=hf["video_end_token_id"],
-        vision_config=dict(depth=vision["depth"], embed_dim=vision["hidden_size"], num_heads=vision["num_heads"],
-                           mlp_ratio=vision["intermediate_size"] / vision["hidden_size"],
-                           hidden_act=vision["hidden_act"], patch_size=vision["patch_size"],
-                           in_channels=vision["in_channels"], spatial_merge_size=vision["spatial_merge_size"]))
-    return config
 
 
 def paddle_tensors(weights: dict) -> dict:
@@ -75,10 +59,13 @@ def checkpoints(tmp_path_factory):
     hf_dir = vl_helpers.build_tiny_vl(tmp_path_factory.mktemp("hf"))
     paddle_dir = tmp_path_factory.mktemp("paddle")
     hf_config = json.loads((hf_dir / "config.json").read_text())
-    (paddle_dir / "config.json").write_text(json.dumps(flat_config(hf_config)))
+    (paddle_dir / "config.json").write_text(json.dumps(vl_helpers.flat_config(hf_config)))
     tensors = paddle_tensors(load_file(str(hf_dir / "model.safetensors")))
     assert any(k.startswith("vision_model.") for k in tensors) and "ernie.embed_tokens.weight" in tensors
     save_file(tensors, str(paddle_dir / "model.safetensors"))
+    for path in hf_dir.iterdir():  # the tokenizer and its template
+        if path.name not in ("config.json", "model.safetensors", "generation_config.json"):
+            shutil.copy(path, paddle_dir / path.name)
     return hf_dir, paddle_dir
 
 
@@ -104,8 +91,11 @@ def test_paddle_layout_gives_equal_logits(checkpoints):
 def test_both_configs_normalise_alike(checkpoints):
     hf_dir, paddle_dir = checkpoints
     nested = VLConfig.from_hf(json.loads((hf_dir / "config.json").read_text()))
-    flat = VLConfig.from_hf(json.loads((paddle_dir / "config.json").read_text()))
-    assert flat.video_token_id == IMAGE  # FastDeploy: <|IMAGE_PLACEHOLDER|> for videos too
+    flat = VLConfig.from_hf(json.loads((paddle_dir / "config.json").read_text()), load_model_tokenizer(paddle_dir))
+    ids = vl_helpers.TOKEN_IDS
+    assert nested.token_ids == VLTokenIds(*(ids[TOKEN_SOURCES[f][0]] for f in TOKEN_SOURCES))
+    # FastDeploy: <|IMAGE_PLACEHOLDER|> for videos too; the delimiters from the tokenizer
+    assert flat.token_ids == VLTokenIds(IMAGE, START, END, IMAGE, ids["video_start_token_id"], ids["video_end_token_id"])
     assert nested.mrope_section == flat.mrope_section == (3, 3, 2)
     assert nested.sparse_layers == flat.sparse_layers == (False, True)
     assert nested.vision == flat.vision
@@ -130,3 +120,57 @@ def test_different_text_and_vision_moe_ranges_are_refused(checkpoints):
     config["moe_layer_start_index"] = [1, 0]
     with pytest.raises(ValueError, match="moe_layer_start_index"):
         VLConfig.from_hf(config)
+
+
+class FakeTokenizer:
+    """A vocabulary of `tokens` (id 100 + position); everything else is <unk> (id 0)."""
+
+    unk_token_id = 0
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+
+    def convert_tokens_to_ids(self, token):
+        return 100 + self.tokens.index(token) if token in self.tokens else self.unk_token_id
+
+
+def test_nested_ids_come_from_the_config_else_transformers_defaults(checkpoints):
+    config = json.loads((checkpoints[0] / "config.json").read_text())
+    del config["image_start_token_id"], config["video_token_id"]
+    ids = token_ids(config, FakeTokenizer(["<|IMAGE_START|>"]))  # transformers' model ignores the tokenizer
+    assert (ids.image, ids.image_start, ids.video) == (IMAGE, 101304, 103367)
+
+
+def test_flat_ids_come_from_the_config_else_the_tokenizer(checkpoints):
+    config = json.loads((checkpoints[1] / "config.json").read_text())
+    tokenizer = FakeTokenizer(["<|IMAGE_PLACEHOLDER|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_START|>",
+                               "<|VIDEO_END|>"])
+    assert token_ids(config, tokenizer) == VLTokenIds(IMAGE, 101, 102, IMAGE, 103, 104)
+    del config["im_patch_id"]
+    assert token_ids(config, tokenizer) == VLTokenIds(100, 101, 102, 100, 103, 104)
+    config["image_end_token_id"] = 7
+    assert token_ids(config, tokenizer).image_end == 7
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (["<|IMAGE_START|>", "<|VIDEO_START|>", "<|VIDEO_END|>"], r"no image_end_token_id and the tokenizer has no <\|IMAGE_END\|>"),
+    (None, r"no image_start_token_id and no tokenizer was given to look up <\|IMAGE_START\|>"),
+])
+def test_flat_id_in_neither_config_nor_tokenizer_is_refused(checkpoints, tokens, message):
+    config = json.loads((checkpoints[1] / "config.json").read_text())
+    with pytest.raises(ValueError, match=message):
+        VLConfig.from_hf(config, None if tokens is None else FakeTokenizer(tokens))
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_engine_config_gives_the_model_the_processor_ids(checkpoints, which):
+    directory = checkpoints[which]
+    tokenizer = load_model_tokenizer(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    completed = complete_hf_config(raw, tokenizer)
+    processor_ids = token_ids(completed, tokenizer)  # what VLInputProcessor reads
+    assert VLConfig.from_hf(completed).token_ids == processor_ids == token_ids(raw, tokenizer)
+    model = load_our_model(directory)  # builds from the completed config, as the engine does
+    assert model._vision_ids.tolist() == list(processor_ids.vision)
+    assert set(processor_ids.vision) == {tokenizer.convert_tokens_to_ids(t) for _, t, _ in TOKEN_SOURCES.values()} - (
+        {tokenizer.convert_tokens_to_ids("<|VIDEO_PLACEHOLDER|>")} if which == 1 else set())

@@ -1,6 +1,10 @@
 """The compiled `vision_attention` op and its Paddle reference against float64 numpy (3e-6 of the largest output): non-causal
-softmax(q k^T * scale) v per head within each segment, for segment lengths around the op's 64-row
-query tiles and 64-key blocks (1, 3, 63, 64, 65, 130, 200) and head_dim 16 and 80; bad inputs raise."""
+softmax(q k^T * scale) v per head within each segment; bad inputs raise.
+
+Sizes reach every tail of the op's blocking (custom_ops/cpu_ops/vision_attention.cc): segment lengths
+1 .. 200 end their last query tile (64 queries) at 1, 3, 63, 64, 65 - 64, 96 - 64, 97 - 64, 130 - 128
+and 200 - 192 rows, their last key block (96 keys) at every count modulo the 6-key score tile (0 .. 5),
+and head_dim 80, 24, 16, 12 and 8 split into 5-column value tiles with tails of 0, 4, 1, 2 and 3."""
 import numpy as np
 import paddle
 import pytest
@@ -8,7 +12,7 @@ import pytest
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 from fastdeploy.model_executor.ops.vision_attention import paddle_vision_attention, vision_attention
 
-SEGMENTS = [1, 3, 63, 64, 65, 130, 200]
+SEGMENTS = [1, 3, 63, 64, 65, 96, 97, 130, 200]
 
 
 def reference(qkv: np.ndarray, cu: np.ndarray, heads: int, scale: float) -> np.ndarray:
@@ -22,7 +26,7 @@ def reference(qkv: np.ndarray, cu: np.ndarray, heads: int, scale: float) -> np.n
     return out.transpose(1, 0, 2).reshape(n, heads * dim)
 
 
-@pytest.mark.parametrize("heads, dim", [(2, 16), (3, 80)])
+@pytest.mark.parametrize("heads, dim", [(3, 80), (1, 24), (2, 16), (2, 12), (1, 8)])
 def test_matches_float64(ops_enabled, heads, dim):
     assert compiled_op("vision_attention") is not None
     rng = np.random.default_rng(dim)

@@ -6,6 +6,8 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import ModelConfig
+from fastdeploy.input.processors import complete_hf_config
+from fastdeploy.input.tokenizer import load_tokenizer
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.model_loader.hf_loader import open_hf_dir
@@ -16,7 +18,8 @@ BLOCK_SIZE = 16
 
 def load_our_model(directory, max_model_len: int = 1024):
     source = open_hf_dir(Path(directory))
-    config = ModelConfig.from_hf_config(source.hf_config)
+    hf_config = complete_hf_config(source.hf_config, load_tokenizer(source))  # as the engine does
+    config = ModelConfig.from_hf_config(hf_config)
     model = get_model_class(config.architecture)(config, BLOCK_SIZE, max_model_len)
     model.load_weights(source.weights())
     return model

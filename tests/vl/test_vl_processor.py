@@ -11,7 +11,7 @@ from vl_fakes import random_image
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input.vl_processor import IMAGE_MARKER, VIDEO_MARKER, MultiModalData, VLInputProcessor, VLSettings
-from vl_helpers import TOKEN_IDS, color_frames, write_mp4
+from vl_helpers import TOKEN_IDS, color_frames, flat_config, write_mp4
 
 IMAGE, VIDEO = TOKEN_IDS["image_token_id"], TOKEN_IDS["video_token_id"]
 TINY_VIDEO = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 6, "video_min_frames": 4,
@@ -221,16 +221,14 @@ def test_mm_processor_kwargs_take_effect(vl_dir):
 
 
 def test_paddle_layout_ids_video_uses_the_image_placeholder(vl_dir, tmp_path, video_file):
-    """FastDeploy's -Paddle configs name `im_patch_id` only: videos take the image placeholder id, the
-    delimiters come from the tokenizer, and a placeholder run after <|VIDEO_START|> is a video."""
+    """FastDeploy's -Paddle configs (flat) name `im_patch_id` only: videos take the image placeholder id,
+    the delimiters come from the tokenizer, and a placeholder run after <|VIDEO_START|> is a video."""
     import shutil
 
     paddle_dir = tmp_path / "paddle_style"
     shutil.copytree(vl_dir, paddle_dir)
-    config = json.loads((paddle_dir / "config.json").read_text())
-    for key in TOKEN_IDS:
-        config.pop(key)
-    config["im_patch_id"] = IMAGE
+    config = flat_config(json.loads((paddle_dir / "config.json").read_text()))
+    assert config["im_patch_id"] == IMAGE and not set(TOKEN_IDS) & set(config)
     (paddle_dir / "config.json").write_text(json.dumps(config))
     proc = make_processor(paddle_dir, mm_processor_kwargs=TINY_VIDEO)
     ids = proc.token_ids

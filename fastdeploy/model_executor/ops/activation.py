@@ -1,4 +1,5 @@
-"""SwiGLU (Shazeer 2020) shim: the compiled op of custom_ops/cpu_ops/swiglu.cc, or Paddle's F.swiglu."""
+"""Activation shims: SwiGLU (Shazeer 2020; custom_ops/cpu_ops/swiglu.cc, or Paddle's F.swiglu) and
+QuickGELU (custom_ops/cpu_ops/quick_gelu.cc, or Paddle ops)."""
 import paddle
 import paddle.nn.functional as F
 
@@ -15,3 +16,13 @@ def silu_and_mul(gate_up: paddle.Tensor) -> paddle.Tensor:
     """
     op = compiled_op("fd_silu_and_mul")
     return op(gate_up) if op is not None else F.swiglu(gate_up)
+
+
+def quick_gelu(x: paddle.Tensor) -> paddle.Tensor:
+    """x * sigmoid(1.702 x) elementwise (transformers' QuickGELUActivation), any shape, float32.
+
+    The compiled op makes one pass over memory (the fallback's Paddle ops three) and is within 2e-6
+    relative of float64 math for x in [-50, 80]; below -51 it returns ~x * 1e-38 (|out| < 1e-35).
+    """
+    op = compiled_op("fd_quick_gelu")
+    return op(x) if op is not None else x * F.sigmoid(1.702 * x)

@@ -1,8 +1,8 @@
 """`vision_attention`: non-causal attention within segments (a vision transformer's frames).
 
-Runs the compiled op of custom_ops/cpu_ops/vision_attention.cc (flash-attention tiles shared with
-append_attention's prefill), or `paddle_vision_attention`, its reference: per segment and block of
-query rows, softmax(q k^T * scale) v with Paddle matmuls.
+Runs the compiled op of custom_ops/cpu_ops/vision_attention.cc (flash-attention blocking, float32
+register tiles), or `paddle_vision_attention`, its reference: per segment and block of query rows,
+softmax(q k^T * scale) v with Paddle matmuls.
 """
 import numpy as np
 import paddle
@@ -20,10 +20,9 @@ def vision_attention(qkv: paddle.Tensor, cu_seqlens: paddle.Tensor, num_heads: i
         applied to q and k).
     cu_seqlens: [segments + 1] int64, 0 = c_0 < c_1 < ... < c_S = n: row t of segment f
         (c_f <= t < c_{f+1}) attends keys c_f .. c_{f+1} - 1, all of them.
-    The compiled op (when built and head_dim is a multiple of 16) raises OSError naming a bad input.
+    The compiled op (when built) raises OSError naming a bad input.
     """
-    head_dim = qkv.shape[1] // (3 * num_heads)
-    op = compiled_op("vision_attention") if head_dim % 16 == 0 else None
+    op = compiled_op("vision_attention")
     if op is not None:
         return op(qkv, cu_seqlens, num_heads, scale)
     return paddle_vision_attention(qkv, cu_seqlens.numpy(), num_heads, scale)

@@ -9,8 +9,17 @@
   number, `moe_layer_start_index` / `moe_layer_end_index` (int or [text, vision]) and
   `moe_layer_interval`, `freq_allocation` (the t section; h = w = the rest split in two),
   `spatial_conv_size`, `temporal_conv_size`, and `vision_config` {depth, embed_dim or hidden_size,
-  num_heads, mlp_ratio, hidden_act, patch_size, in_channels}. The start/end delimiter ids are read
-  from the HF key names when present, else transformers' defaults (ERNIE's vocabulary).
+  num_heads, mlp_ratio, hidden_act, patch_size, in_channels}.
+The six special token ids (`VLTokenIds`) have one source, `token_ids(config, tokenizer)`, read by
+the model (routing to the vision experts) and the input processor (placement) alike:
+- nested: config.json's keys, else transformers' defaults (what transformers' model uses: its
+  config class fills them; ERNIE-4.5-VL's vocabulary);
+- flat: `im_patch_id` (or `image_token_id`) for images and videos alike (FastDeploy has no video
+  placeholder; `video_token_id` when present), the delimiters from their HF key names when present,
+  else the tokenizer's `<|IMAGE_PLACEHOLDER|>`, `<|IMAGE_START|>`, ... tokens (FastDeploy reads them
+  there); ValueError naming the key and the token when both lack an id.
+The engine resolves them once with the checkpoint's tokenizer (`with_token_ids`) and keeps the
+completed config.json, so the model, built from the config alone, and the processor agree.
 Layer i of a flat config is sparse when (i + 1) % interval == 0 and start <= i <= end (the HF
 converter's rule); text and vision ranges must agree (FastDeploy also runs a dense vision MLP
 outside a narrower vision range, which transformers cannot express; refused here).
@@ -21,9 +30,75 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# transformers' Ernie4_5_VLMoeConfig defaults: ERNIE-4.5-VL's vocabulary
-DEFAULT_TOKEN_IDS = dict(image_token_id=100295, image_start_token_id=101304, image_end_token_id=101305,
-                         video_start_token_id=101306, video_end_token_id=101307)
+# VLTokenIds field -> (config.json key, tokenizer token, transformers' Ernie4_5_VLMoeConfig default)
+TOKEN_SOURCES = {
+    "image": ("image_token_id", "<|IMAGE_PLACEHOLDER|>", 100295),
+    "image_start": ("image_start_token_id", "<|IMAGE_START|>", 101304),
+    "image_end": ("image_end_token_id", "<|IMAGE_END|>", 101305),
+    "video": ("video_token_id", "<|VIDEO_PLACEHOLDER|>", 103367),
+    "video_start": ("video_start_token_id", "<|VIDEO_START|>", 101306),
+    "video_end": ("video_end_token_id", "<|VIDEO_END|>", 101307),
+}
+
+
+@dataclass(frozen=True)
+class VLTokenIds:
+    """The special ids of an ERNIE-4.5-VL checkpoint (`token_ids`). `video` equals `image` in
+    FastDeploy's Paddle checkpoints (they have no video placeholder token)."""
+
+    image: int
+    image_start: int
+    image_end: int
+    video: int
+    video_start: int
+    video_end: int
+
+    @property
+    def vision(self) -> tuple[int, ...]:
+        """Ids whose tokens go to the vision experts: placeholders and image/video delimiters."""
+        return tuple(sorted({self.image, self.video, self.image_start, self.image_end, self.video_start,
+                             self.video_end}))
+
+
+def _tokenizer_id(tokenizer, token: str):
+    """The id of `token` in the tokenizer's vocabulary, or None (no tokenizer, unknown token)."""
+    if tokenizer is None:
+        return None
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
+
+
+def token_ids(hf: dict, tokenizer=None) -> VLTokenIds:
+    """The six special ids of config.json `hf` (either format; tokenizer: the checkpoint's, consulted
+    for flat configs only). ValueError naming the config key and the token when a flat config's id is
+    in neither (or, without a tokenizer, not in the config)."""
+    if "text_config" in hf:  # nested: what transformers' config class holds
+        return VLTokenIds(**{field: hf.get(key, default) for field, (key, _, default) in TOKEN_SOURCES.items()})
+
+    def resolve(field: str, *config_keys: str) -> int:
+        key, token, _ = TOKEN_SOURCES[field]
+        for name in config_keys or (key,):
+            if hf.get(name) is not None:
+                return hf[name]
+        found = _tokenizer_id(tokenizer, token)
+        if found is None:
+            where = f"the tokenizer has no {token} token" if tokenizer is not None else \
+                f"no tokenizer was given to look up {token}"
+            raise ValueError(f"ERNIE-4.5-VL config.json has no {' / '.join(config_keys or (key,))} and {where}: "
+                             "prompts with images or videos need this id")
+        return found
+
+    image = resolve("image", "im_patch_id", "image_token_id")
+    return VLTokenIds(image=image, image_start=resolve("image_start"), image_end=resolve("image_end"),
+                      video=hf["video_token_id"] if hf.get("video_token_id") is not None else image,
+                      video_start=resolve("video_start"), video_end=resolve("video_end"))
+
+
+def with_token_ids(hf: dict, tokenizer) -> dict:
+    """config.json `hf` with its resolved `token_ids(hf, tokenizer)` written under their HF key names
+    (a new dict), so that `VLConfig.from_hf` of it needs no tokenizer. ValueError as token_ids."""
+    ids = token_ids(hf, tokenizer)
+    return {**hf, **{key: getattr(ids, field) for field, (key, _, _) in TOKEN_SOURCES.items()}}
 
 
 @dataclass(frozen=True)
@@ -52,9 +127,7 @@ class VLConfig:
     text_hidden_size: int
     text_rms_norm_eps: float
     mrope_section: tuple[int, int, int]  # (h, w, t) frequency counts, summing to head_dim / 2
-    image_token_id: int
-    video_token_id: int  # the HF converter's <|VIDEO_PLACEHOLDER|>; im_patch_id for flat configs
-    delimiter_token_ids: tuple[int, ...]  # image start/end, video start/end
+    token_ids: VLTokenIds
     num_experts: int  # per modality
     moe_k: int
     moe_intermediate_size: tuple[int, int]  # (text, vision)
@@ -63,16 +136,12 @@ class VLConfig:
     moe_correction_bias: bool
     sparse_layers: tuple[bool, ...]
 
-    @property
-    def vision_token_ids(self) -> tuple[int, ...]:
-        """Ids whose tokens go to the vision experts: placeholders and image/video delimiters."""
-        return tuple(sorted({self.image_token_id, self.video_token_id, *self.delimiter_token_ids}))
-
     @classmethod
-    def from_hf(cls, hf: dict) -> "VLConfig":
-        """Parse config.json (either format). ValueError naming the key for a missing or bad one."""
+    def from_hf(cls, hf: dict, tokenizer=None) -> "VLConfig":
+        """Parse config.json (either format; the tokenizer as `token_ids`). ValueError naming the key
+        for a missing or bad one."""
         try:
-            return _from_nested(hf) if "text_config" in hf else _from_flat(hf)
+            return _from_nested(hf) if "text_config" in hf else _from_flat(hf, tokenizer)
         except KeyError as e:
             raise ValueError(f"ERNIE-4.5-VL config.json lacks the required key {e.args[0]!r}") from None
 
@@ -88,7 +157,6 @@ def _from_nested(hf: dict) -> VLConfig:
     section = tuple((text.get("rope_parameters") or {}).get("mrope_section", [22, 22, 20]))
     layers = text["num_hidden_layers"]
     types = text.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
-    ids = {k: hf.get(k, v) for k, v in DEFAULT_TOKEN_IDS.items()}
     return _checked(VLConfig(
         vision=VisionConfig(
             depth=vision.get("depth", 32), hidden_size=vision.get("hidden_size", 1280),
@@ -100,17 +168,14 @@ def _from_nested(hf: dict) -> VLConfig:
             hidden_act=vision.get("hidden_act", "quick_gelu"), layer_norm_eps=vision.get("rms_norm_eps", 1e-6),
             rope_theta=(vision.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         text_hidden_size=text["hidden_size"], text_rms_norm_eps=text.get("rms_norm_eps", 1e-5),
-        mrope_section=section,
-        image_token_id=ids["image_token_id"], video_token_id=hf.get("video_token_id", 103367),
-        delimiter_token_ids=(ids["image_start_token_id"], ids["image_end_token_id"], ids["video_start_token_id"],
-                             ids["video_end_token_id"]),
+        mrope_section=section, token_ids=token_ids(hf),
         num_experts=text.get("moe_num_experts", 64), moe_k=text.get("moe_k", 6),
         moe_intermediate_size=_pair(text.get("moe_intermediate_size", [1536, 512])),
         moe_num_shared_experts=text.get("moe_num_shared_experts", 2), moe_norm_min=text.get("moe_norm_min", 1e-12),
         moe_correction_bias=True, sparse_layers=tuple(t == "sparse" for t in types)), head_dim, layers)
 
 
-def _from_flat(hf: dict) -> VLConfig:
+def _from_flat(hf: dict, tokenizer) -> VLConfig:
     vision = hf["vision_config"]
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
@@ -127,8 +192,6 @@ def _from_flat(hf: dict) -> VLConfig:
     if experts[0] != experts[1]:
         raise ValueError(f"moe_num_experts {list(experts)}: different text and vision expert counts are not supported")
     hidden = vision.get("hidden_size") or vision["embed_dim"]
-    ids = {k: hf.get(k, v) for k, v in DEFAULT_TOKEN_IDS.items()}
-    patch_id = hf.get("im_patch_id", ids["image_token_id"])
     return _checked(VLConfig(
         vision=VisionConfig(
             depth=vision["depth"], hidden_size=hidden, num_heads=vision["num_heads"],
@@ -138,10 +201,7 @@ def _from_flat(hf: dict) -> VLConfig:
             temporal_merge_size=hf.get("temporal_conv_size", 2), hidden_act=vision.get("hidden_act", "quick_gelu"),
             layer_norm_eps=1e-6, rope_theta=10000.0),
         text_hidden_size=hf["hidden_size"], text_rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-        mrope_section=(hw // 2, hw - hw // 2, t_section),
-        image_token_id=patch_id, video_token_id=patch_id,
-        delimiter_token_ids=(ids["image_start_token_id"], ids["image_end_token_id"], ids["video_start_token_id"],
-                             ids["video_end_token_id"]),
+        mrope_section=(hw // 2, hw - hw // 2, t_section), token_ids=token_ids(hf, tokenizer),
         num_experts=experts[0], moe_k=hf.get("moe_k", 6),
         moe_intermediate_size=_pair(hf.get("moe_intermediate_size", [1536, 512])),
         moe_num_shared_experts=hf.get("moe_num_shared_experts", 0), moe_norm_min=hf.get("moe_norm_min", 1e-12),

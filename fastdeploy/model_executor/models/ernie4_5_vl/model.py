@@ -41,7 +41,7 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
         self.vl_config = vl = VLConfig.from_hf(config.hf_config)
         self.model.vision_model = VisionTransformer(vl.vision)
         self.model.resampler_model = Resampler(vl)
-        self._vision_ids = np.asarray(vl.vision_token_ids, dtype=np.int64)
+        self._vision_ids = np.asarray(vl.token_ids.vision, dtype=np.int64)
 
     def make_rope(self, config: ModelConfig, max_model_len: int) -> MRotaryEmbedding:
         return MRotaryEmbedding(config.head_dim, config.rope_theta, VLConfig.from_hf(config.hf_config).mrope_section)

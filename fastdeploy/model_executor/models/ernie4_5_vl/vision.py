@@ -21,17 +21,19 @@ from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMet
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
+from fastdeploy.model_executor.ops.activation import quick_gelu
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
 from fastdeploy.model_executor.ops.vision_attention import vision_attention
+from fastdeploy.platforms.cpu import is_amd_cpu
 
 ROW_BLOCK = 512
 
 
 class RowBlockedLinearMethod(UnquantizedLinearMethod):
-    """Dense float32 x @ W, in blocks of ROW_BLOCK rows of x: Paddle 3.3's CPU matmul is several times
-    slower on a thousand-plus rows against a large square weight (the resampler's [5120, 5120]) in one
-    call than in row blocks (benchmarks/README.md, benchmark_vl_encode.py). Each row's result is the
-    same computation either way."""
+    """Dense float32 x @ W, in blocks of ROW_BLOCK rows of x: on AMD CPUs Paddle 3.3's CPU matmul (MKL)
+    is several times slower on a thousand-plus rows against a large square weight (the resampler's
+    [5120, 5120]) in one call than in row blocks; on Intel CPUs one call is faster
+    (benchmarks/README.md, benchmark_vl_encode.py). Each row's result is the same computation either way."""
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         if x.shape[0] <= ROW_BLOCK:
@@ -40,8 +42,13 @@ class RowBlockedLinearMethod(UnquantizedLinearMethod):
                               for i in range(0, x.shape[0], ROW_BLOCK)])  # [n, in] @ [in, out] -> [n, out]
 
 
+def linear_method() -> UnquantizedLinearMethod:
+    """The vision encoder's and resampler's linear method: row blocks on AMD CPUs, one matmul elsewhere."""
+    return RowBlockedLinearMethod() if is_amd_cpu() else UnquantizedLinearMethod()
+
+
 def _linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
-    return Linear(in_features, {None: out_features}, bias, RowBlockedLinearMethod())
+    return Linear(in_features, {None: out_features}, bias, linear_method())
 
 
 class LayerNorm(paddle.nn.Layer):
@@ -90,8 +97,7 @@ class VisionMLP(paddle.nn.Layer):
         self.fc2 = _linear(intermediate, hidden)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        h = self.fc1(x)
-        return self.fc2(h * F.sigmoid(1.702 * h))  # quick_gelu
+        return self.fc2(quick_gelu(self.fc1(x)))
 
 
 class VisionBlock(paddle.nn.Layer):
