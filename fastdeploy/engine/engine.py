@@ -68,7 +68,6 @@ class LLMEngine:
                                               tensor_parallel_size=args.tensor_parallel_size)
         config = args.create_engine_config(path, hf_config, source.generation_config,
                                            weight_format.bytes_per_weight, weight_format.lm_head_bytes_per_weight)
-        source.release_metadata()
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config)
         else:

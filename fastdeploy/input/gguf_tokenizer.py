@@ -6,7 +6,7 @@ A GGUF file carries no ``tokenizer.json``; llama.cpp stores the tokenizer as met
 * ``tokenizer.ggml.pre``         -- how text is split before BPE (see ``_PRE_TOKENIZERS``).
 * ``tokenizer.ggml.tokens``      -- list[str], one per id; ordinary tokens are spelled in the GPT-2
   byte alphabet ("Ġthe"), added tokens as plain text ("<|im_start|>").
-* ``tokenizer.ggml.token_type``  -- list[int], one per id (1 normal, 3 control, 4 user-defined, ...).
+* ``tokenizer.ggml.token_type``  -- int array, one per id (1 normal, 3 control, 4 user-defined, ...).
 * ``tokenizer.ggml.merges``      -- list[str] of ``"left right"`` pairs, best first.
 * ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id``, ``tokenizer.ggml.add_{bos,eos}_token``.
 * ``tokenizer.chat_template``    -- the Jinja chat template.
@@ -14,13 +14,11 @@ A GGUF file carries no ``tokenizer.json``; llama.cpp stores the tokenizer as met
 Only ``tokenizers`` and ``transformers.PreTrainedTokenizerFast`` are used, so this does not import
 torch (``transformers.integrations.gguf`` does).
 """
-
-
-import gguf
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value
+from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
@@ -85,14 +83,12 @@ def _bos_eos_processor(backend: Tokenizer, bos: str | None, eos: str | None):
     )
 
 
-def load_gguf_tokenizer(reader: "gguf.GGUFReader") -> PreTrainedTokenizerFast:
-    """A ``PreTrainedTokenizerFast`` equivalent to the tokenizer described by ``reader``'s metadata.
+def load_gguf_tokenizer(file: GGUFFile) -> PreTrainedTokenizerFast:
+    """A ``PreTrainedTokenizerFast`` equivalent to the tokenizer described by ``file``'s metadata.
 
     Raises ``ValueError`` for a ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre`` not supported here.
     """
-
-    def meta(name, default=None):
-        return gguf_metadata_value(reader, name, default)
+    meta = file.value
 
     model = meta("tokenizer.ggml.model")
     if model not in _SUPPORTED_MODELS:
@@ -107,7 +103,7 @@ def load_gguf_tokenizer(reader: "gguf.GGUFReader") -> PreTrainedTokenizerFast:
         )
 
     tokens: list[str] = meta("tokenizer.ggml.tokens")
-    token_types: list[int] = meta("tokenizer.ggml.token_type", [])
+    token_types: np.ndarray = meta("tokenizer.ggml.token_type", np.zeros(0, np.int32))
     merges = [tuple(merge.split(" ", 1)) for merge in meta("tokenizer.ggml.merges", [])]
 
     backend = Tokenizer(
@@ -122,11 +118,11 @@ def load_gguf_tokenizer(reader: "gguf.GGUFReader") -> PreTrainedTokenizerFast:
     # Added tokens match whole in raw text and keep their ids (their strings are already in the vocab).
     backend.add_special_tokens(
         [AddedToken(tokens[i], special=True, normalized=False)
-         for i, kind in enumerate(token_types) if kind == TOKEN_TYPE_CONTROL]
+         for i in np.flatnonzero(token_types == TOKEN_TYPE_CONTROL)]
     )
     backend.add_tokens(
         [AddedToken(tokens[i], special=False, normalized=False)
-         for i, kind in enumerate(token_types) if kind == TOKEN_TYPE_USER_DEFINED]
+         for i in np.flatnonzero(token_types == TOKEN_TYPE_USER_DEFINED)]
     )
 
     def special(name):

@@ -18,8 +18,8 @@ def load_tokenizer(source: ModelSource, tokenizer_dir: Optional[str] = None):
 
     if tokenizer_dir is not None:
         return load_model_tokenizer(Path(tokenizer_dir))
-    if source.gguf_reader is not None:
+    if source.gguf_file is not None:
         from fastdeploy.input.gguf_tokenizer import load_gguf_tokenizer
 
-        return load_gguf_tokenizer(source.gguf_reader)
+        return load_gguf_tokenizer(source.gguf_file)
     return load_model_tokenizer(Path(source.path))

@@ -3,6 +3,7 @@ the field, the value and what is allowed, before any model is loaded; model path
 model fail fast without downloading anything."""
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -147,6 +148,16 @@ def test_file_that_is_not_gguf(tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\0" * 16)
     with pytest.raises(ValueError, match=r"is not a .gguf file"):
+        LLM(model=str(path))
+
+
+def test_gguf_file_that_is_not_gguf_inside(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04" + b"\0" * 60)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))} is not a GGUF file: it starts with b'PK"):
+        LLM(model=str(path))
+    path.write_bytes(b"GGUF\x03\0\0\0" + b"\0" * 5)
+    with pytest.raises(ValueError, match=rf"GGUF file {re.escape(str(path))} is truncated: the tensor count"):
         LLM(model=str(path))
 
 

@@ -11,7 +11,8 @@ import sys
 import gguf
 import pytest
 
-from fastdeploy.input.gguf_tokenizer import gguf_metadata_value, load_gguf_tokenizer
+from fastdeploy.input.gguf_tokenizer import load_gguf_tokenizer
+from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -52,13 +53,13 @@ def _smollm2_path():
 
 
 @pytest.fixture(scope="module")
-def reader():
-    return gguf.GGUFReader(_smollm2_path())
+def gguf_file():
+    return GGUFFile(_smollm2_path())
 
 
 @pytest.fixture(scope="module")
-def ours(reader):
-    return load_gguf_tokenizer(reader)
+def ours(gguf_file):
+    return load_gguf_tokenizer(gguf_file)
 
 
 @pytest.fixture(scope="module")
@@ -101,21 +102,22 @@ def test_chat_template_matches_transformers(ours, oracle):
     assert ours.encode(rendered) == oracle.encode(rendered)
 
 
-def test_special_tokens_match_transformers(ours, oracle, reader):
+def test_special_tokens_match_transformers(ours, oracle, gguf_file):
     assert (ours.bos_token_id, ours.eos_token_id) == (oracle.bos_token_id, oracle.eos_token_id)
-    assert ours.bos_token_id == gguf_metadata_value(reader, "tokenizer.ggml.bos_token_id")
-    assert ours.eos_token_id == gguf_metadata_value(reader, "tokenizer.ggml.eos_token_id")
+    assert ours.bos_token_id == gguf_file.value("tokenizer.ggml.bos_token_id")
+    assert ours.eos_token_id == gguf_file.value("tokenizer.ggml.eos_token_id")
     assert (ours.pad_token_id, ours.unk_token_id) == (oracle.pad_token_id, oracle.unk_token_id)
-    assert len(ours) == len(oracle) == len(gguf_metadata_value(reader, "tokenizer.ggml.tokens"))
+    assert len(ours) == len(oracle) == len(gguf_file.value("tokenizer.ggml.tokens"))
     assert set(ours.all_special_ids) == set(oracle.all_special_ids)
     assert ours.convert_tokens_to_ids("<|im_start|>") == 1
 
 
 def test_no_torch_needed():
     code = (
-        "import sys, gguf\n"
+        "import sys\n"
         "from fastdeploy.input.gguf_tokenizer import load_gguf_tokenizer\n"
-        f"load_gguf_tokenizer(gguf.GGUFReader({_smollm2_path()!r}))\n"
+        "from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile\n"
+        f"load_gguf_tokenizer(GGUFFile({_smollm2_path()!r}))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     import fastdeploy.input.gguf_tokenizer as module
@@ -141,44 +143,27 @@ def _write_gguf(path, tokenizer_model="gpt2", pre="smollm", **extra):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return gguf.GGUFReader(str(path))
+    return GGUFFile(path)
 
 
 def test_unsupported_tokenizer_model(tmp_path):
-    reader = _write_gguf(tmp_path / "spm.gguf", tokenizer_model="llama")
+    tiny = _write_gguf(tmp_path / "spm.gguf", tokenizer_model="llama")
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.model 'llama'.*supported: \['gpt2'\]"):
-        load_gguf_tokenizer(reader)
+        load_gguf_tokenizer(tiny)
 
 
 def test_unsupported_pre_tokenizer(tmp_path):
-    reader = _write_gguf(tmp_path / "pre.gguf", pre="no-such-pre")
+    tiny = _write_gguf(tmp_path / "pre.gguf", pre="no-such-pre")
     with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre 'no-such-pre'.*supported: .*'smollm'"):
-        load_gguf_tokenizer(reader)
+        load_gguf_tokenizer(tiny)
 
 
 def test_bos_and_added_tokens(tmp_path):
-    reader = _write_gguf(tmp_path / "tiny.gguf", **{"tokenizer.ggml.add_bos_token": True})
-    tokenizer = load_gguf_tokenizer(reader)
+    tiny = _write_gguf(tmp_path / "tiny.gguf", **{"tokenizer.ggml.add_bos_token": True})
+    tokenizer = load_gguf_tokenizer(tiny)
     assert tokenizer.encode("ab<think>ab") == [0, 4, 5, 4]
     assert tokenizer.encode("ab", add_special_tokens=False) == [4]
     # control tokens (type 3) are special, user-defined ones (type 4) are not
     assert tokenizer.decode([0, 4, 5, 1], skip_special_tokens=True) == "ab<think>"
     assert tokenizer.chat_template is None
 
-
-def test_metadata_values(tmp_path):
-    extra = {
-        "test.str": "héllo",
-        "test.int": -7,
-        "test.float": 0.5,
-        "test.bool": False,
-        "test.strs": ["x", "日本"],
-        "test.ints": [1, 2, 3],
-    }
-    reader = _write_gguf(tmp_path / "meta.gguf", **extra)
-    for key, value in extra.items():
-        assert gguf_metadata_value(reader, key) == value
-        assert type(gguf_metadata_value(reader, key)) is type(value)
-    assert gguf_metadata_value(reader, "general.architecture") == "llama"
-    assert gguf_metadata_value(reader, "tokenizer.ggml.bos_token_id") == 0
-    assert gguf_metadata_value(reader, "missing.key", default=3) == 3

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
+from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile, GGUFTensor
 from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, QuantizedTensor
 from fastdeploy.model_executor.model_loader.source import ModelSource
 
@@ -55,38 +56,37 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_hf_config(reader, arch: str) -> dict:
-    from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value as meta
-
-    heads = meta(reader, f"{arch}.attention.head_count")
-    hidden = meta(reader, f"{arch}.embedding_length")
-    names = {t.name for t in reader.tensors}
-    vocab = meta(reader, f"{arch}.vocab_size") or len(meta(reader, "tokenizer.ggml.tokens"))
+def gguf_hf_config(file: GGUFFile, arch: str) -> dict:
+    meta = file.value
+    heads = meta(f"{arch}.attention.head_count")
+    hidden = meta(f"{arch}.embedding_length")
+    names = {t.name for t in file.tensors}
+    vocab = meta(f"{arch}.vocab_size") or file.array_length("tokenizer.ggml.tokens")
     return {
         "architectures": ["LlamaForCausalLM"],
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": meta(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": meta(reader, f"{arch}.block_count"),
+        "intermediate_size": meta(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": meta(f"{arch}.block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": meta(reader, f"{arch}.attention.head_count_kv", heads),
-        "head_dim": meta(reader, f"{arch}.attention.key_length", hidden // heads),
-        "rms_norm_eps": meta(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": meta(reader, f"{arch}.rope.freq_base", 10000.0),
-        "max_position_embeddings": meta(reader, f"{arch}.context_length", 2048),
+        "num_key_value_heads": meta(f"{arch}.attention.head_count_kv", heads),
+        "head_dim": meta(f"{arch}.attention.key_length", hidden // heads),
+        "rms_norm_eps": meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": meta(f"{arch}.rope.freq_base", 10000.0),
+        "max_position_embeddings": meta(f"{arch}.context_length", 2048),
         "tie_word_embeddings": "output.weight" not in names,
     }
 
 
-def gguf_quant_config(reader):
+def gguf_quant_config(file: GGUFFile):
     """The GGUFConfig of the file's header: the type of every matrix handed over as a QuantizedTensor."""
     from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig
 
-    return GGUFConfig({hf_tensor_name(t.name): int(t.tensor_type) for t in reader.tensors
+    return GGUFConfig({hf_tensor_name(t.name): int(t.tensor_type) for t in file.tensors
                        if int(t.tensor_type) in LINEAR_QTYPES and len(t.shape) == 2})
 
 
-def _tensor(tensor):
+def _tensor(tensor: GGUFTensor):
     """QuantizedTensor for a matrix in a type the engine computes on, else a float32 array."""
     import gguf
 
@@ -95,8 +95,8 @@ def _tensor(tensor):
     return gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
 
 
-def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, object]]:
-    for tensor in reader.tensors:
+def iter_gguf_tensors(file: GGUFFile, hf_config: dict) -> Iterator[tuple[str, object]]:
+    for tensor in file.tensors:
         name, array = hf_tensor_name(tensor.name), _tensor(tensor)
         heads = {"q_proj.weight": hf_config["num_attention_heads"], "k_proj.weight": hf_config["num_key_value_heads"]}
         for suffix, count in heads.items():
@@ -108,22 +108,20 @@ def iter_gguf_tensors(reader, hf_config: dict) -> Iterator[tuple[str, object]]:
 
 
 def open_gguf(path: Path) -> ModelSource:
-    import gguf
-
-    from fastdeploy.model_executor.model_loader.gguf_metadata import gguf_metadata_value
-
-    reader = gguf.GGUFReader(str(path))
-    arch = gguf_metadata_value(reader, "general.architecture")
+    """The ModelSource of a GGUF file; ValueError for a bad file (gguf_file.py) or an architecture
+    other than SUPPORTED_GGUF_ARCHITECTURES."""
+    file = GGUFFile(path)
+    arch = file.value("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {arch!r} in {path} is not supported; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
         )
-    hf_config = gguf_hf_config(reader, arch)
+    hf_config = gguf_hf_config(file, arch)
     return ModelSource(
         hf_config=hf_config,
         generation_config={},
         path=path,
-        gguf_reader=reader,
-        weights=lambda: iter_gguf_tensors(reader, hf_config),
-        quant_config=gguf_quant_config(reader),
+        gguf_file=file,
+        weights=lambda: iter_gguf_tensors(file, hf_config),
+        quant_config=gguf_quant_config(file),
     )

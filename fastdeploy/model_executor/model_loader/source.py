@@ -17,7 +17,8 @@ class ModelSource:
             copies of the model.
         quant_config: how the tensors are stored, for the model's build (layers/linear.py QuantConfig;
             a GGUFConfig from the GGUF header), or None for float checkpoints.
-        gguf_reader: the open GGUF file (its metadata also holds the tokenizer), None for directories.
+        gguf_file: the open GGUF file (gguf_file.GGUFFile; its metadata also holds the tokenizer), None
+            for directories.
     """
 
     hf_config: dict
@@ -25,12 +26,4 @@ class ModelSource:
     path: Path
     weights: Callable[[], Iterator[tuple[str, Any]]]
     quant_config: Optional[Any] = None
-    gguf_reader: Optional[Any] = None
-
-    def release_metadata(self) -> None:
-        """Free the GGUF reader's metadata fields once the config and the tokenizer are read (the
-        weights need only its tensor table). They are ~10^5 small Python objects: freed before the
-        model is built, the objects the build keeps are not scattered among them, where they would
-        keep the freed heap from returning to the system after `del llm`."""
-        if self.gguf_reader is not None:
-            self.gguf_reader.fields.clear()
+    gguf_file: Optional[Any] = None
