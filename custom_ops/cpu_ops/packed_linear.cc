@@ -247,8 +247,8 @@ constexpr int64_t kAmxRows = 16, kAmxStepK = 32;  // rows of a tile; values of K
 constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W streamed once)
 // Up to this many rows (batched decode) every 16-row block runs Amx16Rows, which reads each 256-byte panel
 // row whole, so the first block streams the panel from memory in address order (the others find it in
-// L2); Amx32Rows reads half of each row per pass, which streamed ~12% slower (18 layers of ERNIE-0.3B's
-// linears, 32 and 64 rows). Above, prefill: Amx32Rows' reuse of each W tile by two x tiles wins.
+// L2); Amx32Rows reads half of each row per pass, which streamed slower (benchmarks/README.md, "Quiet
+// machine, side by side, Intel Xeon with AMX"). Above, prefill: Amx32Rows' reuse of each W tile by two x tiles wins.
 constexpr int64_t kAmx32RowsFrom = 64;
 
 // Linux gives a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
