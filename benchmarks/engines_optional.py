@@ -39,7 +39,11 @@ class LlamaCpp:
             raise ValueError(f"llamacpp needs a .gguf file, got {path}")
         self.lc, self.np, self.n_seqs = llama_cpp, numpy, n_seqs
         llama_cpp.llama_backend_init()
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        mp = llama_cpp.llama_model_default_params()
+        # ggml's AMX weight repacking ("extra buffer types") segfaults in its AMX matmul on the Intel Xeons
+        # here (llama-cpp-python 0.3.36 built with GGML_NATIVE): llama.cpp runs its AVX-512 kernels instead
+        mp.use_extra_bufts = False
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         cp = llama_cpp.llama_context_default_params()
