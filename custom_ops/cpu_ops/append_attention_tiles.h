@@ -1,4 +1,4 @@
-// The flash-attention tile kernels of append_attention's prefill item:
+// The flash-attention tile kernels of append_attention's prefill item (ScoreTile shared with vision_attention):
 // scores of a key block against a tile of up to 64 query rows held transposed (laid out [key][row],
 // register-blocked FMAs with broadcast operands), and the online-softmax step over one block,
 // vectorised over rows.
@@ -17,6 +17,7 @@ inline void ScoreTile(const float* keys, const float* qt, int64_t rp, int64_t he
   Vec acc[NK][NV];
   for (int k = 0; k < NK; ++k)
     for (int j = 0; j < NV; ++j) acc[k][j] = Splat(0.f);
+#pragma GCC unroll 2  // halves the loop overhead that shares the vector ports
   for (int64_t d = 0; d < head_dim; ++d, qt += rp) {
     Vec q[NV];
     for (int j = 0; j < NV; ++j) q[j] = Load(qt + j * kLanes);

@@ -8,16 +8,17 @@
 // handed to the threads by an atomic counter. An item keeps its 64 queries in the vector lanes: the
 // scaled queries transposed, qt [head_dim, 64], and the output transposed, ot [head_dim, 64]. Per block
 // of kKeyBlock keys: scores s [keys, 64] = K qt as 6-key x 64-query register tiles (a key element
-// broadcast against 4 query vectors), an online-softmax step vectorised over the 64 queries (running
-// max m, sum l, exp from vec_exp.h), then ot = alpha ot + V^T p as 5-dim x 64-query register tiles (a
-// value element broadcast against 4 probability vectors), the rescale by alpha folded into the tile's
-// first load. No score outside the segment is computed into the softmax: exact softmax.
+// broadcast against 4 query vectors: append_attention_tiles.h's ScoreTile), an online-softmax step
+// vectorised over the 64 queries (running max m, sum l, exp from vec_exp.h), then ot = alpha ot + V^T p
+// as 5-dim x 64-query register tiles (a value element broadcast against 4 probability vectors), the
+// rescale by alpha folded into the tile's first load. No score outside the segment is computed into the
+// softmax: exact softmax.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
-#include "append_attention_vec.h"
+#include "append_attention_tiles.h"
 #include "paddle/extension.h"
 
 namespace fd_attention {
@@ -29,29 +30,10 @@ constexpr int kScoreKeys = 6;                                // keys per score r
 constexpr int kValueDims = 5;                                // head_dim columns per P.V register tile (20)
 constexpr int64_t kKeyBlock = 16 * kScoreKeys;               // keys per online-softmax step (96)
 constexpr float kNoMax = -1e30f;  // finite: the first step's exp(kNoMax - max) is 0, not exp(inf - inf)
-constexpr int64_t kParallelFmas = 1 << 20;  // below this many multiply-adds per call: one thread
 
-struct Item {
+struct VisionItem {
   int64_t head, first, count, start, length;  // queries first .. first + count - 1; keys start .. start + length - 1
 };
-
-// s[k][:] = keys[k] . qt for kScoreKeys keys. keys: [kScoreKeys, dim] rows; qt: [dim, 64]; s: [kScoreKeys, 64].
-inline void ScoreTile(const float* keys, const float* qt, int64_t dim, float* s) {
-  Vec acc[kScoreKeys][kQueryVecs];
-  for (int k = 0; k < kScoreKeys; ++k)
-    for (int j = 0; j < kQueryVecs; ++j) acc[k][j] = Splat(0.f);
-#pragma GCC unroll 2
-  for (int64_t d = 0; d < dim; ++d, qt += kItemQueries) {
-    Vec q[kQueryVecs];
-    for (int j = 0; j < kQueryVecs; ++j) q[j] = Load(qt + j * kLanes);
-    for (int k = 0; k < kScoreKeys; ++k) {
-      const Vec kd = Splat(keys[k * dim + d]);
-      for (int j = 0; j < kQueryVecs; ++j) acc[k][j] = Fma(kd, q[j], acc[k][j]);
-    }
-  }
-  for (int k = 0; k < kScoreKeys; ++k)
-    for (int j = 0; j < kQueryVecs; ++j) Store(s + k * kItemQueries + j * kLanes, acc[k][j]);
-}
 
 // Online-softmax step: s [keys, 64] scores -> exp(s - new max); m, l: [64] running max and sum;
 // alpha: [64] = exp(old max - new max), the factor the output so far is rescaled by. The 4 query
@@ -118,7 +100,7 @@ inline void ValueBlock(const float* p, const float* values, int64_t keys, int64_
 // One item. keys, values: this head's panels [n + kScoreKeys, dim] (the slack rows let the last score
 // tile of a segment read past its end; those scores are never used).
 void AttendItem(const float* qkv, int64_t width, const float* keys, const float* values, int64_t dim, float scale,
-                const Item& item, float* out, int64_t out_width, std::vector<float>& scratch) {
+                const VisionItem& item, float* out, int64_t out_width, std::vector<float>& scratch) {
   scratch.resize(kItemQueries * (2 * dim + kKeyBlock + 3));
   float* qt = scratch.data();              // [dim, 64] scaled queries, transposed (zero past item.count)
   float* ot = qt + dim * kItemQueries;     // [dim, 64] output, transposed
@@ -136,7 +118,7 @@ void AttendItem(const float* qkv, int64_t width, const float* keys, const float*
   for (int64_t start = item.start; start < item.start + item.length; start += kKeyBlock) {
     const int64_t count = std::min(kKeyBlock, item.start + item.length - start);
     for (int64_t k = 0; k < count; k += kScoreKeys)
-      ScoreTile(keys + (start + k) * dim, qt, dim, s + k * kItemQueries);
+      ScoreTile<kScoreKeys, kQueryVecs>(keys + (start + k) * dim, qt, kItemQueries, dim, s + k * kItemQueries);
     SoftmaxStep(s, count, m, l, alpha);
     ValueBlock(s, values + start * dim, count, dim, alpha, ot);
   }
@@ -179,7 +161,7 @@ std::vector<paddle::Tensor> VisionAttention(const paddle::Tensor& qkv, const pad
       std::copy_n(x + t * width + (heads + h) * dim, dim, panels.data() + 2 * h * panel + t * dim);
       std::copy_n(x + t * width + (2 * heads + h) * dim, dim, panels.data() + (2 * h + 1) * panel + t * dim);
     }
-  std::vector<Item> items;
+  std::vector<VisionItem> items;
   for (int64_t f = 0; f < segments; ++f)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t first = cu[f]; first < cu[f + 1]; first += kItemQueries)
@@ -191,7 +173,7 @@ std::vector<paddle::Tensor> VisionAttention(const paddle::Tensor& qkv, const pad
   {
     std::vector<float> scratch;
     for (int64_t i = next++; i < count; i = next++) {
-      const Item& item = items[i];
+      const VisionItem& item = items[i];
       const float* keys = panels.data() + 2 * item.head * panel;
       AttendItem(x, width, keys, keys + panel, dim, scale, item, y, heads * dim, scratch);
     }
