@@ -6,6 +6,7 @@ Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THR
 `prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
 `set_paddle_threads()` runs when an engine starts.
 """
+import functools
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ logger = logging.getLogger(__name__)
 _USER_OMP_THREADS = os.environ.get("OMP_NUM_THREADS")
 
 
+@functools.cache  # asked once per vision linear at a VL model's build; the CPU does not change
 def _cpu_vendor() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
