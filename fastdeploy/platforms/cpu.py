@@ -35,16 +35,11 @@ def is_amd_cpu() -> bool:
 
 
 def prepare_environment() -> None:
-    """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported,
-    and `GOMP_SPINCOUNT=0` unless the user set it.
+    """Set `MKL_DEBUG_CPU_TYPE=5` on AMD CPUs unless the user set it or paddle is already imported.
 
-    Which OpenMP runtime our compiled ops run on is stated once, in custom_ops/README.md ("OpenMP
-    runtime"): Paddle's Intel OpenMP normally, GNU libgomp when torch was imported before their
-    first call. In the second case libgomp's idle threads spin (300,000 spins by default) on the
-    cores MKL's threads need next: on 2 cores the GEMM after the attention op ran 7x slower (3.07 vs
-    0.44 ms for [1, 2048] x [2048, 1024]) and a decode step 1.9x slower. With 0 they sleep at once.
+    Our compiled ops run on Paddle's Intel OpenMP, as Paddle's own kernels do, whether or not torch
+    was imported (custom_ops/README.md, "OpenMP runtime"), so no GNU OpenMP setting is needed here.
     """
-    os.environ.setdefault("GOMP_SPINCOUNT", "0")
     if "paddle" in sys.modules and _USER_OMP_THREADS == "1":
         logger.warning(
             "paddle was imported before fastdeploy and OMP_NUM_THREADS is 1 (paddle sets it on import), "

@@ -1,14 +1,16 @@
 """OpenMP in the compiled ops (custom_ops/README.md, "OpenMP runtime"): loaded into Paddle, their
-`#pragma omp` regions run on Paddle's Intel OpenMP runtime (libiomp5), which lacks some of GCC's
-entry points (the `schedule(dynamic)` loops' GOMP_loop_nonmonotonic_*); those then bind to GNU
-libgomp, which does not know libiomp5's team, so every thread would run every iteration. (Where
-torch was imported before the ops' first call, as in a full test run, all of them bind to libgomp.)
+`#pragma omp` regions run on Paddle's Intel OpenMP runtime (libiomp5), also where torch was imported
+first and put GNU libgomp in the global scope (the loader loads the module with RTLD_DEEPBIND).
+libiomp5 lacks some of GCC's entry points (the `schedule(dynamic)` loops' GOMP_loop_nonmonotonic_*);
+those would bind to libgomp, which does not know libiomp5's team, so every thread would run every
+iteration.
 
 Guards: the module imports no OpenMP entry point that libiomp5 lacks (read from the ELF symbol
 tables with `nm`, the binutils beside the compiler that built the ops); the sampling op's row loop
 (`ForEachRow` in sampling.cc, observed through its test-only op `fd_sampling_row_visits`) runs each
-row exactly once, here (on whichever runtime this process bound) and, in a fresh process without
-torch, on teams of 1, 2 and 3 threads, the size set through Paddle.
+row exactly once on a team of the size set through Paddle (1, 2 and 3 threads: libgomp's team would
+be one per core), here (torch imported first, as in a full test run) and in fresh processes with and
+without torch imported before fastdeploy.
 """
 import json
 import os
@@ -72,15 +74,15 @@ def test_the_sampling_row_loop_runs_each_row_once(ops, threads, asked, rows):
 
     assert visits.shape == (rows, 3)
     np.testing.assert_array_equal(visits[:, 0], 1)  # each row run exactly once across the team
-    team = visits[0, 2]
-    np.testing.assert_array_equal(visits[:, 2], team)
-    assert ((visits[:, 1] >= 0) & (visits[:, 1] < team)).all()
-    # the team is `asked` on libiomp5, libgomp's own size where torch came first (1 in a full test
-    # run); the fresh process below checks it
+    np.testing.assert_array_equal(visits[:, 2], asked)  # Paddle's setting: libiomp5's team
+    assert ((visits[:, 1] >= 0) & (visits[:, 1] < asked)).all()
 
 
 FRESH_PROCESS = """
-import json, fastdeploy, paddle
+import json, sys
+if sys.argv[1] == "torch-first":
+    import torch  # noqa: F401  (loads GNU libgomp RTLD_GLOBAL)
+import fastdeploy, paddle
 from fastdeploy.model_executor.ops import compiled_ops
 ops, out = compiled_ops(), {}
 for team in (1, 2, 3):
@@ -90,10 +92,12 @@ print(json.dumps(out))
 """
 
 
-def test_without_torch_the_ops_team_has_paddles_thread_count_and_runs_each_row_once():
-    """The engine's process (no torch): the README's runtime, Paddle's libiomp5, serves the regions."""
+@pytest.mark.parametrize("first", ["fastdeploy-first", "torch-first"])
+def test_the_ops_team_has_paddles_thread_count_and_runs_each_row_once_in_a_fresh_process(first):
+    """With or without torch imported first, Paddle's libiomp5 serves the regions (the team is Paddle's
+    setting, not libgomp's one thread per core)."""
     env = {k: v for k, v in os.environ.items() if k != "FD_DISABLE_CUSTOM_OPS"}  # this test is about the op
-    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, first], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2], env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     for team, runs in json.loads(done.stdout.strip().splitlines()[-1]).items():

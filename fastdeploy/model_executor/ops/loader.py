@@ -11,7 +11,8 @@ install, a failed build: the reason is logged once) or fallbacks are forced. For
 pure-Paddle paths) or `with fallbacks_forced():` (tests comparing both paths in one process).
 
 A build left by an earlier process is imported directly (paddle's `load` would re-run its build
-script, ~1.3 s per process); otherwise the module is compiled first (~30 s once per machine).
+script, ~1.3 s per process); otherwise the module is compiled first, in a child process (~1-2 min
+once per machine). Either way this process loads it with RTLD_DEEPBIND first (`_bind_first_to_paddle`).
 
 Which OpenMP runtime runs the ops' threads once loaded here (Paddle's libiomp5), and what that rules
 out in their sources: custom_ops/README.md, "OpenMP runtime".
@@ -22,6 +23,8 @@ import functools
 import importlib.util
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -45,6 +48,27 @@ def _setup_ops():
     return module
 
 
+_bound = []  # the module's RTLD_DEEPBIND handle, held for the process's lifetime
+
+
+def _bind_first_to_paddle(library: Path) -> None:
+    """Load the module's shared library with RTLD_DEEPBIND before Paddle imports it: its undefined
+    symbols are then looked up in its own dependencies first (libpaddle.so's, where Paddle's libiomp5
+    serves the OpenMP entry points), not in the process's global scope, where an `import torch` puts
+    GNU libgomp (custom_ops/README.md, "OpenMP runtime")."""
+    import ctypes
+
+    _bound.append(ctypes.CDLL(str(library), mode=os.RTLD_NOW | getattr(os, "RTLD_DEEPBIND", 0)))
+
+
+def _compile(setup_ops) -> None:
+    """Compile the module in a child process (`setup_ops.py --compile-only`), so that this process loads
+    it the one way every later process does. Raises RuntimeError with the compiler's last output."""
+    done = subprocess.run([sys.executable, str(SETUP_OPS), "--compile-only"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"building {setup_ops.NAME} failed: {(done.stdout + done.stderr)[-2000:]}")
+
+
 @functools.lru_cache(maxsize=1)
 def _load():
     """Import (or build, then import) the extension once per process: loading the same ops twice aborts Paddle."""
@@ -55,12 +79,14 @@ def _load():
         with open(directory / "build.lock", "w") as lock:  # one process builds, the others wait for it
             fcntl.flock(lock, fcntl.LOCK_EX)
             built = directory / setup_ops.NAME
-            if (built / f"{setup_ops.NAME}.so").is_file():
-                from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
+            library = built / f"{setup_ops.NAME}.so"
+            if not library.is_file():
+                logger.info("building the custom ops (%s), once per machine...", SETUP_OPS)
+                _compile(setup_ops)
+            from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
 
-                return _import_module_from_library(setup_ops.NAME, str(built))
-            logger.info("building the custom ops (%s), once per machine...", SETUP_OPS)
-            return setup_ops.build()
+            _bind_first_to_paddle(library)
+            return _import_module_from_library(setup_ops.NAME, str(built))
     except Exception as e:  # any failure means: run the pure-Paddle fallbacks
         logger.warning("custom ops unavailable (%s: %s); using pure-Paddle fallbacks", type(e).__name__, e)
         return None
