@@ -31,8 +31,11 @@ Measured per engine:
   * GB/s (single stream) = bytes of the weights as the engine holds them x decode tok/s: what one
     decode step streams from memory (ours: its parameters' real bytes; transformers fp32 and vLLM:
     4 or 2 bytes per matmul weight; llama.cpp: the GGUF file's size). Beside it, the roofline of
-    this machine (--peak-gflops, --bandwidth-gbs; defaults from /work/shared/ANCHORS.md): batch
-    tok/s <= peak / (2 x matmul params), single stream tok/s <= bandwidth / weight bytes.
+    this machine: batch tok/s <= peak / (2 x matmul params), single stream tok/s <= bandwidth /
+    weight bytes. Both are measured at the start of the run, in a child process with torch on the
+    same threads (`measure_roofline`): bandwidth = 1 GiB of float32 summed (read once), best of 5;
+    peak = the faster of torch's float32 and bfloat16 [2048 x 2048] @ [2048 x 2048] (MKL / oneDNN,
+    AMX where the CPU has it), best of 5. --peak-gflops / --bandwidth-gbs override them.
 
 All engines use the same number of threads: one per usable core (our engine does this itself;
 torch gets `torch.set_num_threads`, llama.cpp `n_threads`, vLLM `VLLM_CPU_OMP_THREADS_BIND`). Each
@@ -260,6 +263,36 @@ def report(names, results, args, prompts):
 
 ENGINES = ("ours", "hf", "llamacpp", "vllm")
 
+ROOFLINE_CHILD = """
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+def best(fn, repeats=5):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
+    return min(times)
+x = torch.ones(2 ** 28)  # 1 GiB of float32
+bandwidth = x.numel() * 4 / best(lambda: x.sum()) / 1e9
+del x
+peak = 0.0
+for dtype in (torch.float32, torch.bfloat16):
+    a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
+    peak = max(peak, 2 * 2048 ** 3 / best(lambda: a @ b) / 1e9)
+print(json.dumps({"bandwidth_gbs": bandwidth, "peak_gflops": peak}))
+"""
+
+
+def measure_roofline(threads: int) -> dict:
+    """This machine's read bandwidth (GB/s) and matmul peak (GFLOP/s) on `threads` threads, measured with
+    torch in a child process (see the module docstring)."""
+    proc = subprocess.run([sys.executable, "-c", ROOFLINE_CHILD, str(threads)], capture_output=True, text=True,
+                          env=ENV_AT_START)
+    if proc.returncode != 0:
+        sys.exit(f"measuring the roofline failed (torch is needed; or pass --peak-gflops and --bandwidth-gbs):\n"
+                 f"{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 def make_engine(name, args, prompts):
     """The engine `name` for `prompts` (len(prompts) sequences at most), in this child process."""
@@ -363,10 +396,10 @@ def main():
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="our engine's dtype")
     ap.add_argument("--quantization", default=None, choices=["wint8", "wint4"], help="our engine's weight-only "
                     "quantization")
-    ap.add_argument("--peak-gflops", type=float, default=430.0, help="the machine's matmul peak, for the roofline "
-                    "(default: torch bf16 GEMM on 2 Zen 4 cores)")
-    ap.add_argument("--bandwidth-gbs", type=float, default=45.0, help="the machine's memory bandwidth, for the "
-                    "roofline (default: this machine kind, 35-55 GB/s)")
+    ap.add_argument("--peak-gflops", type=float, default=None, help="the machine's matmul peak, for the roofline "
+                    "(default: measured at the start, see the docstring)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=None, help="the machine's memory read bandwidth, for "
+                    "the roofline (default: measured at the start)")
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--prompts-file", help=argparse.SUPPRESS)
     ap.add_argument("--matmul-params", type=int, help=argparse.SUPPRESS)
@@ -389,6 +422,12 @@ def main():
         args.model = str(ernie_checkpoint(Path(args.scratch)))
     args.model = resolve_model_path(args.model) if args.model else default_model_path()
     check_installed(names, args)
+    if args.peak_gflops is None or args.bandwidth_gbs is None:
+        measured = measure_roofline(args.threads)
+        args.peak_gflops = args.peak_gflops or measured["peak_gflops"]
+        args.bandwidth_gbs = args.bandwidth_gbs or measured["bandwidth_gbs"]
+        print(f"roofline of this machine, {args.threads} threads: {args.bandwidth_gbs:.1f} GB/s read, "
+              f"{args.peak_gflops:.0f} GFLOP/s matmul (torch)", flush=True)
     source = open_model(args.model)[1]
     args.matmul_params = matmul_params(SimpleNamespace(**{"num_key_value_heads": None, **source.hf_config}))
     prompts = build_prompts(load_tokenizer(source), args.num_prompts)
