@@ -1,4 +1,4 @@
-// The CPU ops' host functions, for ops that compose them (decoder_layer.cc). Each is defined, with its
+// The CPU ops' host functions, for ops that compose them (decoder_layer.cc, moe.cc). Each is defined, with its
 // contract, in the file named beside it.
 #pragma once
 #include <vector>
@@ -33,3 +33,19 @@ std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const pad
 
 // swiglu.cc: silu(gate) * up of gate_up [n, 2 * inter] -> [n, inter]
 std::vector<paddle::Tensor> SiluAndMul(const paddle::Tensor& gate_up);
+
+// typed_linear.cc: y[n, out] = x[n, in] @ W (+ bias) for W dense float32, GGUF blocks or packed (qtype: its id)
+paddle::Tensor TypedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, const paddle::Tensor& bias,
+                           int64_t qtype, int64_t out_features);
+
+// moe.cc: the sparse MoE MLP of x [n, hidden] (router, top-k experts, shared experts) -> [n, hidden]
+struct MoeSpec {
+  int64_t top_k, expert_intermediate, shared_intermediate;  // shared_intermediate 0: no shared experts
+  bool normalize;
+  float norm_min;
+};
+paddle::Tensor MoeMlp(const paddle::Tensor& x, const paddle::Tensor& router, const paddle::Tensor& correction_bias,
+                      const paddle::Tensor* gate_up, const paddle::Tensor* down, const int64_t* expert_qtypes,
+                      int64_t num_experts, const paddle::Tensor& shared_gate_up, const paddle::Tensor& shared_down,
+                      const paddle::Tensor& shared_gate_up_bias, const paddle::Tensor& shared_down_bias,
+                      int64_t shared_gate_up_qtype, int64_t shared_down_qtype, const MoeSpec& spec);

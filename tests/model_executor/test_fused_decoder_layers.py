@@ -8,14 +8,14 @@ dense Llama (weights through Paddle's matmul), on the default GGUF model (Q4_1 b
 gguf_linear; Q8_0 lm_head), and on tiny random Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm)
 and ERNIE-4.5 with use_bias (biases on every linear) in every weight format (float32, bf16, wint8,
 wint4, and GGUF Q8_0 / Q4_0 blocks requantized from the float32 weights), for prefills with cached
-history and for decode steps. Which layers the plan fuses: every layer of those, the dense layers of
-the MoE models and none of their MoE layers.
+history and for decode steps; and on tiny random MoE models (ERNIE-4.5-MoE with shared experts,
+Qwen3-MoE with and without top-k renormalisation) in float32, bf16, wint8 and wint4. Which layers the
+plan fuses: every layer of those, dense and MoE.
 """
 import numpy as np
 import pytest
 
 from fastdeploy import LLM
-from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
 from fastdeploy.model_executor.layers.fused_decoder_layers import (FusedDecoderLayers, consecutive_runs,
                                                                    plan_layer_runs)
 from fastdeploy.model_executor.layers.mlp import DenseMLP
@@ -197,17 +197,38 @@ def test_plan_fuses_every_layer_of_the_dense_zoo(zoo_paths, name):
     assert decoder.runs[0].caches == slice(0, len(decoder.layers))
 
 
-@pytest.mark.parametrize("case", ["ernie_moe_use_bias", "qwen3_moe_sparse_step2"])
-def test_plan_fuses_the_dense_layers_of_moe_models_and_runs_moe_layers_alone(tmp_path, case):
+MOE_FUSED_CASES = ["ernie_moe_use_bias", "qwen3_moe_sparse_step2", "qwen3_moe_no_norm"]
+
+
+@pytest.mark.parametrize("case", MOE_FUSED_CASES)
+def test_plan_fuses_every_layer_of_moe_models(tmp_path, case):
+    """Dense and MoE layers alike, in one run (ERNIE-MoE: shared experts and biases; Qwen3-MoE with a
+    dense layer between MoE layers; without top-k renormalisation)."""
     family, overrides, sparse = MOE_CASES[case]
     make_tiny_moe(tmp_path, family, **overrides)
     decoder = model_runner(LLM(model=str(tmp_path), max_model_len=256, num_gpu_blocks_override=32)).model.model
     kinds = [type(layer.mlp) for layer in decoder.layers]
     assert kinds == [SparseMoE if i in sparse else DenseMLP for i in range(len(kinds))]
-    expected = []  # a FusedDecoderLayers per run of dense layers, each MoE layer itself
-    for start, end, dense in consecutive_runs([kind is DenseMLP for kind in kinds]):
-        expected += [("fused", start, end)] if dense else [("layer", i) for i in range(start, end)]
-    got = [("fused", run.caches.start, run.caches.stop) if isinstance(run, FusedDecoderLayers)
-           else ("layer", run.self_attn.layer_index) for run in decoder.runs]
-    assert got == expected
-    assert all(isinstance(run, (FusedDecoderLayers, DecoderLayer)) for run in decoder.runs)
+    assert len(decoder.runs) == 1 and isinstance(decoder.runs[0], FusedDecoderLayers)
+    assert decoder.runs[0].caches == slice(0, len(decoder.layers))
+
+
+@pytest.mark.parametrize("weight_format", ["float32", "bfloat16", "wint8", "wint4"])
+@pytest.mark.parametrize("case", MOE_FUSED_CASES)
+def test_moe_models_fused_equal_layerwise(tmp_path, case, weight_format):
+    """The fused op's MoE layers (experts in flat lists across layers, shared experts as the layer's MLP
+    weights) against SparseMoE.forward layer by layer, bit for bit, decode and prefill."""
+    family, overrides, sparse = MOE_CASES[case]
+    make_tiny_moe(tmp_path, family, **overrides)
+    llm = zoo_llm(tmp_path, weight_format)
+    decoder = model_runner(llm).model.model
+    expected = KIND_IDS.get(weight_format, 0)
+    experts = [e for i in sparse for e in decoder.layers[i].mlp.experts]
+    assert all(linear.method.operand(linear, 1)[1] == expected
+               for e in experts for linear in (e.gate_up_proj, e.down_proj)), weight_format
+    rng = np.random.default_rng(11)
+    for lengths, history in (([1, 1, 1, 1], 30), ([6, 19], 0), ([40], 5)):
+        prompts = [rng.integers(3, 500, size=n).tolist() for n in lengths]
+        fused, layerwise = fused_and_layerwise(llm, prompts, history)
+        assert np.isfinite(fused).all()
+        np.testing.assert_array_equal(fused, layerwise, err_msg=f"{case} {weight_format} {lengths} {history}")

@@ -129,9 +129,15 @@ def hf_routing(hf, prompts, sparse_layers):
 
 
 def our_routing(llm, prompts, monkeypatch):
-    """{layer: Routing} of our one ragged prefill of the prompts (SparseMoE.route wrapped)."""
+    """{layer: Routing} of our one ragged prefill of the prompts (SparseMoE.route wrapped), layer by
+    layer through SparseMoE's numpy routing (the compiled fd_moe_mlp and the fused op route in C++ and
+    are checked against it in test_moe_op.py; their logits against transformers' above)."""
     model = model_runner(llm).model
     layer_of = {id(layer.mlp): i for i, layer in enumerate(model.model.layers)}
+    monkeypatch.setattr(model.model, "runs", list(model.model.layers))
+    for layer in model.model.layers:
+        if isinstance(layer.mlp, SparseMoE):
+            monkeypatch.setattr(layer.mlp, "_op", None)
     captured = {}
     route = SparseMoE.route
 

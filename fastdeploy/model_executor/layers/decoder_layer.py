@@ -10,9 +10,9 @@ q_proj/k_proj/v_proj), self_attn.o_proj.{weight,bias?}, self_attn.{q,k}_norm.wei
 post_attention_layernorm.weight, and the MLP's (layers/mlp.py DenseMLP, or layers/moe.py SparseMoE).
 Optional parts follow ModelConfig: `qkv_bias`, `o_bias`, `mlp_bias`, `qk_norm`.
 
-A layer with a dense MLP (biases and q/k norms or not) and 1-D RoPE is `fusable`:
-layers/fused_decoder_layers.py may run it inside the compiled `fd_decoder_layers` op instead of
-through `forward` (MoE layers and M-RoPE layers always run through `forward`).
+A layer with a dense or sparse-MoE MLP (layers/moe.py SparseMoE; biases and q/k norms or not) and 1-D
+RoPE is `fusable`: layers/fused_decoder_layers.py may run it inside the compiled `fd_decoder_layers`
+op instead of through `forward` (M-RoPE layers, the VL model's, always run through `forward`).
 
 Under tensor parallelism each rank holds some heads and a slice of the MLP (distributed/sharding.py),
 so o_proj and the MLP (dense or MoE, shared experts included) give partial sums: one all-reduce
@@ -27,6 +27,7 @@ from fastdeploy.distributed.parallel_state import get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
+from fastdeploy.model_executor.layers.moe import SparseMoE
 from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.ops import compiled_op
@@ -88,9 +89,9 @@ class DecoderLayer(paddle.nn.Layer):
         self.self_attn = Attention(config, layer_index, rope, attn_backend, quant_config, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
-        # the fused op runs a dense MLP and rotates with 1-D positions' tables: MoE and M-RoPE layers
-        # are never fusable
-        self.fusable = type(mlp) is DenseMLP and type(rope) is RotaryEmbedding
+        # the fused op runs dense and sparse-MoE SwiGLU MLPs and rotates with 1-D positions' tables: M-RoPE
+        # layers and other MLPs are never fusable
+        self.fusable = type(mlp) in (DenseMLP, SparseMoE) and type(rope) is RotaryEmbedding
         group = get_tp_group()
         self.all_reduce = group.all_reduce if group.size > 1 else _identity
 

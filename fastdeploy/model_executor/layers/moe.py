@@ -12,6 +12,12 @@ Parameters (names relative to the layer, as the checkpoint's after packing gate/
 gate_proj and up_proj), mlp.shared_experts.* (ERNIE). Each expert runs once per step on the tokens
 routed to it. `forward` receives the tokens' modality (`token_type_ids`, ForwardMeta) so that a
 multimodal MoE can route on it; the text models here ignore it.
+
+Where the ops are built, `forward` is the compiled `fd_moe_mlp` (custom_ops/cpu_ops/moe.cc): the same
+routing and expert loop in C++, each expert's linears through its own linear method's weights
+(`operands`), one op call instead of ~10 Paddle calls per active expert; `fd_decoder_layers` runs the
+same host function for MoE layers it fuses, so the two agree bit for bit. `select_experts` and
+`run_experts` (numpy, Paddle) are the fallback and the reference its tests check.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -24,6 +30,7 @@ from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.parameters import empty_parameter
+from fastdeploy.model_executor.ops import compiled_op
 
 
 @dataclass
@@ -54,6 +61,34 @@ class SparseMoE(paddle.nn.Layer):
                                                      f"{prefix}.experts.{e}") for e in range(num_experts)])
         self.shared_experts = (DenseMLP(hidden, shared_intermediate_size, config.mlp_bias, quant_config,
                                         f"{prefix}.shared_experts") if shared_intermediate_size else None)
+        self.intermediate_size = intermediate_size
+        self._op = compiled_op("fd_moe_mlp")
+        self._operands = None
+
+    def operands(self) -> dict:
+        """What fd_moe_mlp and fd_decoder_layers take for this layer, gathered once (after loading):
+        router [hidden, E], correction bias (zero-size: none), the experts' gate_up and down weights and
+        their type ids (the linear method's operand for one row: GGUF experts stay in blocks), and the
+        shared experts' (zero-size weights, type 0, when there are none)."""
+        if self._operands is None:
+            absent = paddle.zeros([0], "float32")
+            gate_ups, downs, qtypes = [], [], []
+            for expert in self.experts:
+                for linear, weights in ((expert.gate_up_proj, gate_ups), (expert.down_proj, downs)):
+                    tensor, qtype = linear.method.operand(linear, 1)
+                    weights.append(tensor)
+                    qtypes.append(qtype)
+            shared = self.shared_experts
+            shared_linears = (shared.gate_up_proj, shared.down_proj) if shared is not None else ()
+            shared_operands = [linear.method.operand(linear, 1) for linear in shared_linears] or [(absent, 0)] * 2
+            self._operands = dict(
+                router=self.gate.weight,
+                correction_bias=absent if self.moe_statics is None else self.moe_statics.e_score_correction_bias,
+                gate_ups=gate_ups, downs=downs, qtypes=qtypes,
+                shared=[t for t, _ in shared_operands], shared_qtypes=[q for _, q in shared_operands],
+                shared_biases=[absent if linear.bias is None else linear.bias for linear in shared_linears] or [absent] * 2,
+                shared_intermediate=shared.intermediate_size if shared is not None else 0)
+        return self._operands
 
     def route(self, x: paddle.Tensor) -> Routing:
         """Chosen experts and weights for x [n, hidden]."""
@@ -63,6 +98,11 @@ class SparseMoE(paddle.nn.Layer):
     def forward(self, x: paddle.Tensor, token_type_ids: Optional[paddle.Tensor] = None) -> paddle.Tensor:
         """x: [n, hidden] -> [n, hidden]. token_type_ids [n] (0 text, 1 image, 2 video) or None: the
         tokens' modality, for routers that depend on it; these text routers do not read it."""
+        if self._op is not None:
+            o = self.operands()
+            return self._op(x, o["router"], o["correction_bias"], o["gate_ups"], o["downs"], *o["shared"],
+                            *o["shared_biases"], o["qtypes"], o["shared_qtypes"], self.top_k, self.intermediate_size,
+                            o["shared_intermediate"], self.normalize, self.norm_min)
         result = as_paddle(run_experts(x, self.route(x), self.experts))
         return result + self.shared_experts(x) if self.shared_experts is not None else result
 
