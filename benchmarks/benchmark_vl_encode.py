@@ -74,7 +74,8 @@ def ours_encoder(depth: int, dtype: str):
     if weight_format.name != dtype:
         raise SystemExit(f"dtype={dtype!r} resolved to {weight_format.name!r} (no compiled ops?)")
     vl = VLConfig.from_hf(hf_config(depth))
-    tower, resampler = VisionTransformer(vl.vision, weight_format.quant_config), Resampler(vl, weight_format.quant_config)
+    quant_config = weight_format.quant_config
+    tower, resampler = VisionTransformer(vl.vision, quant_config), Resampler(vl, quant_config)
     for layer in (tower, resampler):
         linears = {f"{name}.weight": sub for name, sub in layer.named_sublayers() if isinstance(sub, Linear)}
         for name, param in layer.named_parameters():

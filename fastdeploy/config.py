@@ -88,8 +88,9 @@ class ModelConfig:
     def weight_bytes(self, linear_bytes: float = 4.0, lm_head_bytes: Optional[float] = None) -> int:
         """Bytes of the weights as loaded: linear layers (the decoder's, and a multimodal model's vision
         encoder: encoder_bytes) and lm_head at `linear_bytes` per weight, norms in float32, the embedding
-        in float32 (also when tied: lm_head is a transposed copy) unless the linear layers are packed (bf16, wint8, wint4) and the embedding is tied, when it reads lm_head's copy;
-        lm_head at `lm_head_bytes` per weight when given (wint4 models keep lm_head in wint8)."""
+        in float32 (also when tied: lm_head is a transposed copy) unless the linear layers are packed
+        (bf16, wint8, wint4) and the embedding is tied, when it reads lm_head's copy; lm_head at
+        `lm_head_bytes` per weight when given (wint4 models keep lm_head in wint8)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
         hf = self.hf_config

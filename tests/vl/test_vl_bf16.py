@@ -18,8 +18,9 @@ Oracles, transformers on the same weights:
   >= 70 of 80, issue 15's text bar (28 of 32) as a fraction; transformers float32 scores 76 here. The
   engine's own first token must be the teacher-forced one (the chat path is the model tested).
   float32 stays exact: tests/vl/test_vl_end_to_end.py.
-Also: the packed weights are what is held (no float32 copy), and the weight-format choice reaches the
-encoder's linears only where the kind takes their in_features (wint4: the 588-input patch embed stays float32).
+Also: the packed weights are what is held (no float32 copy); wint8/wint4 reach the encoder's linears
+where the kind takes their in_features (wint4: the 588-input patch embed stays float32); the KV pool is
+sized from the bytes held, encoder included; dtype="auto" on a bf16 VL checkpoint packs every linear.
 """
 import os
 import sys
@@ -160,7 +161,8 @@ def test_chat_greedy_agrees_with_transformers_bf16(bf16_llm, hf_bf16, vl_hf_mode
     for k, text in enumerate(TEXTS):
         image = random_image(56 + 28 * (k % 3), 84 - 14 * (k % 2), seed=10 + k)
         image.save(tmp_path / f"{k}.png")
-        conversation = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(tmp_path / f"{k}.png")}},
+        url = {"url": str(tmp_path / f"{k}.png")}
+        conversation = [{"role": "user", "content": [{"type": "image_url", "image_url": url},
                                                      {"type": "text", "text": text}]}]
         out = bf16_llm.chat(conversation, params, use_tqdm=False)[0]
         ids, expected = hf_greedy(hf_bf16, out.prompt, [image], bf16_llm.get_tokenizer())
@@ -257,7 +259,8 @@ def test_auto_on_a_bf16_checkpoint_packs_every_linear(vl_dir, tmp_path):
         if item.suffix != ".safetensors":
             shutil.copy(item, tmp_path / item.name)
     for file in vl_dir.glob("*.safetensors"):
-        save_file({k: v.bfloat16() for k, v in load_file(file).items()}, tmp_path / file.name, metadata={"format": "pt"})
+        tensors = {k: v.bfloat16() for k, v in load_file(file).items()}
+        save_file(tensors, tmp_path / file.name, metadata={"format": "pt"})
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
     llm = LLM(model=str(tmp_path), **KWARGS)
