@@ -13,10 +13,16 @@ up on the first size, then encodes each size `--repeats` times; the best time is
 the child's CPU time (all its threads: less disturbed by other work on a shared machine than wall time).
 `--rounds N` runs the two children alternately N times each (ours, transformers, ours, ...) and keeps
 each side's best: on a shared machine the load changes between children.
+`--dtype` (default bfloat16: real ERNIE-4.5-VL checkpoints are bf16, and `dtype="auto"` computes them in
+bf16 on CPUs with AVX512-BF16/AMX) runs both sides in that dtype: transformers with its modules and
+pixels in torch.bfloat16 (every op bf16); ours as the engine's bf16 weight format builds it (every linear
+packed for `fd_packed_linear`, activations and attention float32). The weights are the same float32
+values, rounded to bf16 by each side.
 
     python benchmarks/benchmark_vl_encode.py                      # 448 and 1024 at depth 32
     python benchmarks/benchmark_vl_encode.py --depth 4 --sizes 1024
     python benchmarks/benchmark_vl_encode.py --depth 8 --rounds 2   # alternating children
+    python benchmarks/benchmark_vl_encode.py --dtype float32        # the exact mode
 """
 import argparse
 import json
@@ -57,16 +63,24 @@ def hf_config(depth: int) -> dict:
             "vision_config": {"depth": depth}}
 
 
-def ours_encoder(depth: int):
+def ours_encoder(depth: int, dtype: str):
+    from fastdeploy.model_executor.layers.linear import Linear
+    from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
     from fastdeploy.model_executor.models.ernie4_5_vl.config import VLConfig
     from fastdeploy.model_executor.models.ernie4_5_vl.resampler import Resampler
     from fastdeploy.model_executor.models.ernie4_5_vl.vision import VisionTransformer
 
+    weight_format = resolve_weight_format(dtype, None, {}, None)  # the engine's choice for LLM(dtype=...)
+    if weight_format.name != dtype:
+        raise SystemExit(f"dtype={dtype!r} resolved to {weight_format.name!r} (no compiled ops?)")
     vl = VLConfig.from_hf(hf_config(depth))
-    tower, resampler = VisionTransformer(vl.vision), Resampler(vl)
+    quant_config = weight_format.quant_config
+    tower, resampler = VisionTransformer(vl.vision, quant_config), Resampler(vl, quant_config)
     for layer in (tower, resampler):
+        linears = {f"{name}.weight": sub for name, sub in layer.named_sublayers() if isinstance(sub, Linear)}
         for name, param in layer.named_parameters():
-            shape = param.shape[::-1] if len(param.shape) == 2 else param.shape  # Linear: [in, out] here
+            linear = linears.get(name)  # its weight is loaded as the checkpoint's [out, in]
+            shape = (linear.out_features, linear.in_features) if linear is not None else param.shape
             param.weight_loader(param, weight(name, shape), None)
 
     def encode(pixels, grid):
@@ -78,7 +92,7 @@ def ours_encoder(depth: int):
     return encode
 
 
-def hf_encoder(depth: int):
+def hf_encoder(depth: int, dtype: str):
     import torch
     from transformers import Ernie4_5_VLMoeConfig
     from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as m
@@ -93,29 +107,32 @@ def hf_encoder(depth: int):
                 for a, b in RESAMPLER_NAMES.items():
                     name = name.replace(a, b) if name.startswith(("spatial_linear", "temporal_linear")) else name
                 param.copy_(torch.from_numpy(weight(name, tuple(param.shape))))
+    torch_dtype = getattr(torch, dtype)
+    tower, resampler = tower.to(torch_dtype), resampler.to(torch_dtype)
 
     def encode(pixels, grid):
         with torch.no_grad():
             grid_t = torch.tensor([grid])
-            return resampler(tower(torch.from_numpy(pixels), grid_t).last_hidden_state, grid_t).numpy()
+            x = torch.from_numpy(pixels).to(torch_dtype)
+            return resampler(tower(x, grid_t).last_hidden_state, grid_t).float().numpy()
 
     return encode
 
 
-def child(engine: str, depth: int, grids: dict, repeats: int, out_dir: str) -> None:
+def child(engine: str, depth: int, dtype: str, grids: dict, repeats: int, out_dir: str) -> None:
     if engine == "ours":
         sys.path.insert(0, ROOT)
         import fastdeploy  # noqa: F401  (first: thread count and MKL's CPU type before paddle loads)
         from fastdeploy.platforms.cpu import set_paddle_threads
 
         threads = set_paddle_threads()
-        encode = ours_encoder(depth)
+        encode = ours_encoder(depth, dtype)
     else:
         import torch
 
         threads = int(os.environ["BENCH_THREADS"])
         torch.set_num_threads(threads)
-        encode = hf_encoder(depth)
+        encode = hf_encoder(depth, dtype)
     import numpy as np
 
     results = {"threads": threads}
@@ -143,12 +160,14 @@ def main():
     parser.add_argument("--depth", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1, help="children run alternately this many times each")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16",
+                        help="both engines compute in this dtype (default: the checkpoints' bf16)")
     parser.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     parser.add_argument("--grids", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # the grids come from the parent: transformers (and torch's OpenMP) stay out of ours
-        child(args.child, args.depth, json.loads(args.grids), args.repeats, args.out_dir)
+        child(args.child, args.depth, args.dtype, json.loads(args.grids), args.repeats, args.out_dir)
         return
     sizes = [int(s) for s in args.sizes.split(",")]
     grids = json.dumps({size: grid_of(size) for size in sizes})
@@ -162,8 +181,9 @@ def main():
                 if threads is not None:
                     env["BENCH_THREADS"] = str(threads)
                 print(f"running {engine} (load average {os.getloadavg()[0]:.2f}) ...", flush=True)
-                subprocess.run([sys.executable, __file__, "--child", engine, "--depth", str(args.depth), "--grids",
-                                grids, "--repeats", str(args.repeats), "--out-dir", out_dir], check=True, env=env)
+                subprocess.run([sys.executable, __file__, "--child", engine, "--depth", str(args.depth), "--dtype",
+                                args.dtype, "--grids", grids, "--repeats", str(args.repeats), "--out-dir", out_dir],
+                               check=True, env=env)
                 with open(os.path.join(out_dir, f"{engine}.json")) as f:
                     found = json.load(f)
                 threads = found.pop("threads")
@@ -172,16 +192,16 @@ def main():
                     results[engine][size] = result if best is None else {
                         **min(best, result, key=lambda r: r["seconds"]),
                         "cpu_seconds": min(best["cpu_seconds"], result["cpu_seconds"])}
-        print(f"depth {args.depth}, {threads} threads, CPU {os.cpu_count()} cores")
+        print(f"{args.dtype}, depth {args.depth}, {threads} threads, CPU {os.cpu_count()} cores")
         for size in sizes:
             ours, hf = results["ours"][str(size)], results["hf"][str(size)]
-            diff = np.abs(np.load(os.path.join(out_dir, f"ours_{size}.npy"))
-                          - np.load(os.path.join(out_dir, f"hf_{size}.npy"))).max()
+            reference = np.load(os.path.join(out_dir, f"hf_{size}.npy"))
+            diff = np.abs(np.load(os.path.join(out_dir, f"ours_{size}.npy")) - reference).max()
             print(f"{size}x{size}: grid {tuple(ours['grid'])} -> {ours['tokens']} tokens | ours {ours['seconds']:.2f} s "
                   f"(cpu {ours['cpu_seconds']:.2f} s, load {ours['load']:.1f}) | transformers {hf['seconds']:.2f} s "
                   f"(cpu {hf['cpu_seconds']:.2f} s, load {hf['load']:.1f}) | transformers / ours: wall "
                   f"{hf['seconds'] / ours['seconds']:.2f}, cpu {hf['cpu_seconds'] / ours['cpu_seconds']:.2f} | "
-                  f"max |diff| {diff:.1e}")
+                  f"max |diff| {diff:.1e} ({diff / np.abs(reference).max():.1e} of max |transformers|)")
 
 
 if __name__ == "__main__":

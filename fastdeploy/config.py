@@ -86,24 +86,40 @@ class ModelConfig:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
 
     def weight_bytes(self, linear_bytes: float = 4.0, lm_head_bytes: Optional[float] = None) -> int:
-        """Bytes of the weights as loaded: linear layers and lm_head at `linear_bytes` per weight, norms in
-        float32, the embedding in float32 (also when tied: lm_head is a transposed copy) unless the linear
-        layers are packed (bf16, wint8, wint4) and the embedding is tied, when it reads lm_head's copy;
-        lm_head at `lm_head_bytes` per weight when given (wint4 models keep lm_head in wint8)."""
+        """Bytes of the weights as loaded: linear layers (the decoder's, and a multimodal model's vision
+        encoder: encoder_bytes) and lm_head at `linear_bytes` per weight, norms in float32, the embedding
+        in float32 (also when tied: lm_head is a transposed copy) unless the linear layers are packed
+        (bf16, wint8, wint4) and the embedding is tied, when it reads lm_head's copy; lm_head at
+        `lm_head_bytes` per weight when given (wint4 models keep lm_head in wint8)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
         hf = self.hf_config
         experts = hf.get("num_experts") or hf.get("num_local_experts") or hf.get("moe_num_experts") or 0
         shared = self.hf_config.get("moe_num_shared_experts", 0)
         inter = hf.get("moe_intermediate_size", 0)
-        if isinstance(inter, list):  # ERNIE-4.5-VL: [text, vision] sizes, experts per modality
-            experts, inter = sum(experts) if isinstance(experts, list) else 2 * experts, max(inter)
+        if isinstance(inter, list):  # ERNIE-4.5-VL: [text, vision] sizes, experts per modality, shared as text
+            per_modality = experts if isinstance(experts, list) else [experts, experts]
+            experts, inter = 1, sum(e * i for e, i in zip(per_modality, inter)) + shared * inter[0]
+            shared = 0
         mlp = 3 * h * max(self.intermediate_size, (experts + shared) * inter)
         per_layer = attention + mlp  # every layer counted as MoE when the model has experts
         embedding = 0 if self.tie_word_embeddings and linear_bytes != 4 else 4 * self.vocab_size * h
         norms = 4 * (2 * self.num_hidden_layers * h + h)
         lm_head = (linear_bytes if lm_head_bytes is None else lm_head_bytes) * self.vocab_size * h
-        return int(linear_bytes * self.num_hidden_layers * per_layer + lm_head + embedding + norms)
+        return int(linear_bytes * self.num_hidden_layers * per_layer + lm_head + embedding + norms
+                   + self.encoder_bytes(linear_bytes))
+
+    def encoder_bytes(self, linear_bytes: float) -> int:
+        """Bytes of a multimodal model's vision tower and resampler (ERNIE-4.5-VL; 0 for text models): linear
+        weights at `linear_bytes` per weight, except where the format cannot take their in_features (under
+        1 byte, i.e. wint4: a multiple of 32, else they stay float32), the rest float32."""
+        if self.architecture != "Ernie4_5_VLMoeForConditionalGeneration":
+            return 0
+        from fastdeploy.model_executor.models.ernie4_5_vl.config import encoder_parameters
+
+        linears, others = encoder_parameters(self.hf_config)
+        held = [4.0 if linear_bytes < 1 and k % 32 else linear_bytes for k, _ in linears]
+        return int(sum(b * k * n for b, (k, n) in zip(held, linears)) + 4 * others)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """KV-cache bytes one token takes over all layers (K and V)."""

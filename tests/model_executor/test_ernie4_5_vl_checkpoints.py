@@ -69,9 +69,16 @@ def checkpoints(tmp_path_factory):
     return hf_dir, paddle_dir
 
 
-def test_paddle_layout_gives_equal_logits(checkpoints):
+@pytest.mark.parametrize("packed", [False, True])
+def test_paddle_layout_gives_equal_logits(checkpoints, packed, ops_enabled):
+    """Also with every linear packed in bf16 (the Paddle layout's [in, out] encoder weights packed alike)."""
+    from fastdeploy.model_executor.layers.quantization.packed import BF16, PackedConfig, PackedLinearMethod
+
     hf_dir, paddle_dir = checkpoints
-    hf_model, paddle_model = load_our_model(hf_dir), load_our_model(paddle_dir)
+    quant = PackedConfig(BF16) if packed else None
+    hf_model, paddle_model = load_our_model(hf_dir, quant_config=quant), load_our_model(paddle_dir, quant_config=quant)
+    qkv = paddle_model.model.vision_model.blocks[0].attn.qkv
+    assert isinstance(qkv.method, PackedLinearMethod) == packed
     grids = [(1, 4, 6)]
     pixels = np.random.default_rng(0).standard_normal((24, 588)).astype(np.float32)
     ids = np.array([1, 20, 30, START] + [IMAGE] * 6 + [END, 40, 50])

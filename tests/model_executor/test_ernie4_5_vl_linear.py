@@ -6,13 +6,13 @@ import pytest
 
 from fastdeploy.model_executor.layers.linear import UnquantizedLinearMethod
 from fastdeploy.model_executor.models.ernie4_5_vl import vision
-from fastdeploy.model_executor.models.ernie4_5_vl.vision import RowBlockedLinearMethod, _linear
+from fastdeploy.model_executor.models.ernie4_5_vl.vision import RowBlockedLinearMethod, encoder_linear
 
 
 @pytest.mark.parametrize("rows", [1, 512, 1300])
 def test_row_blocks_match_float64(monkeypatch, rows):
     monkeypatch.setattr(vision, "is_amd_cpu", lambda: True)
-    layer = _linear(24, 40)
+    layer = encoder_linear(24, 40, None, "x")
     assert isinstance(layer.method, RowBlockedLinearMethod)
     rng = np.random.default_rng(rows)
     weight, bias = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal(40).astype(np.float32)

@@ -16,11 +16,12 @@ from fastdeploy.model_executor.models import get_model_class
 BLOCK_SIZE = 16
 
 
-def load_our_model(directory, max_model_len: int = 1024):
+def load_our_model(directory, max_model_len: int = 1024, quant_config=None):
+    """quant_config: the weight format's (layers/quantization/weight_format.py; None: float32)."""
     source = open_hf_dir(Path(directory))
     hf_config = complete_hf_config(source.hf_config, load_tokenizer(source))  # as the engine does
     config = ModelConfig.from_hf_config(hf_config)
-    model = get_model_class(config.architecture)(config, BLOCK_SIZE, max_model_len)
+    model = get_model_class(config.architecture)(config, BLOCK_SIZE, max_model_len, quant_config)
     model.load_weights(source.weights())
     return model
 

@@ -146,6 +146,51 @@ class VLConfig:
             raise ValueError(f"ERNIE-4.5-VL config.json lacks the required key {e.args[0]!r}") from None
 
 
+def _vision_nested(vision: dict) -> VisionConfig:
+    return VisionConfig(
+        depth=vision.get("depth", 32), hidden_size=vision.get("hidden_size", 1280),
+        num_heads=vision.get("num_heads", 16),
+        intermediate_size=vision.get("intermediate_size", 4 * vision.get("hidden_size", 1280)),
+        patch_size=vision.get("patch_size", 14), in_channels=vision.get("in_channels", 3),
+        spatial_merge_size=vision.get("spatial_merge_size", 2),
+        temporal_merge_size=vision.get("temporal_merge_size", 2),
+        hidden_act=vision.get("hidden_act", "quick_gelu"), layer_norm_eps=vision.get("rms_norm_eps", 1e-6),
+        rope_theta=(vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+
+
+def _vision_flat(hf: dict) -> VisionConfig:
+    vision = hf["vision_config"]
+    hidden = vision.get("hidden_size") or vision["embed_dim"]
+    return VisionConfig(
+        depth=vision["depth"], hidden_size=hidden, num_heads=vision["num_heads"],
+        intermediate_size=vision.get("intermediate_size") or int(hidden * vision.get("mlp_ratio", 4)),
+        patch_size=vision.get("patch_size", 14), in_channels=vision.get("in_channels", 3),
+        spatial_merge_size=hf.get("spatial_conv_size", vision.get("spatial_merge_size", 2)),
+        temporal_merge_size=hf.get("temporal_conv_size", 2), hidden_act=vision.get("hidden_act", "quick_gelu"),
+        layer_norm_eps=1e-6, rope_theta=10000.0)
+
+
+def encoder_parameters(hf: dict) -> tuple[list[tuple[int, int]], int]:
+    """The vision tower's and resampler's parameters, from config.json `hf` (either format, or the text
+    keys merged to the top level as ModelConfig.hf_config holds them): ([(in_features, out_features)] of
+    each linear weight, count of the other values: biases and norm weights). ValueError naming a missing key."""
+    try:
+        nested = isinstance(hf.get("text_config"), dict)
+        vision = _vision_nested(hf["vision_config"]) if nested else _vision_flat(hf)
+        text_hidden = hf["text_config"]["hidden_size"] if nested else hf["hidden_size"]
+    except KeyError as e:
+        raise ValueError(f"ERNIE-4.5-VL config.json lacks the required key {e.args[0]!r}") from None
+    h, inner = vision.hidden_size, vision.intermediate_size
+    spatial = h * vision.spatial_merge_size**2
+    block = [(h, 3 * h), (h, h), (h, inner), (inner, h)]  # qkv, proj, fc1, fc2
+    resampler = [(spatial, spatial), (spatial, spatial), (spatial * vision.temporal_merge_size, spatial),
+                 (spatial, spatial), (spatial, text_hidden)]  # spatial fc1, fc2; temporal fc1, fc2; mlp
+    linears = [(vision.patch_dim, h)] + block * vision.depth + resampler
+    biases = sum(out for _, out in linears) - h  # the patch embed has none
+    norms = vision.depth * 4 * h + 2 * h + 2 * 2 * spatial + text_hidden  # LayerNorms (weight, bias), after_norm
+    return linears, biases + norms
+
+
 def _pair(value) -> tuple:
     return tuple(value) if isinstance(value, (list, tuple)) else (value, value)
 
@@ -158,15 +203,7 @@ def _from_nested(hf: dict) -> VLConfig:
     layers = text["num_hidden_layers"]
     types = text.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
     return _checked(VLConfig(
-        vision=VisionConfig(
-            depth=vision.get("depth", 32), hidden_size=vision.get("hidden_size", 1280),
-            num_heads=vision.get("num_heads", 16),
-            intermediate_size=vision.get("intermediate_size", 4 * vision.get("hidden_size", 1280)),
-            patch_size=vision.get("patch_size", 14), in_channels=vision.get("in_channels", 3),
-            spatial_merge_size=vision.get("spatial_merge_size", 2),
-            temporal_merge_size=vision.get("temporal_merge_size", 2),
-            hidden_act=vision.get("hidden_act", "quick_gelu"), layer_norm_eps=vision.get("rms_norm_eps", 1e-6),
-            rope_theta=(vision.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        vision=_vision_nested(vision),
         text_hidden_size=text["hidden_size"], text_rms_norm_eps=text.get("rms_norm_eps", 1e-5),
         mrope_section=section, token_ids=token_ids(hf),
         num_experts=text.get("moe_num_experts", 64), moe_k=text.get("moe_k", 6),
@@ -191,15 +228,8 @@ def _from_flat(hf: dict, tokenizer) -> VLConfig:
     experts = _pair(hf.get("moe_num_experts", 64))
     if experts[0] != experts[1]:
         raise ValueError(f"moe_num_experts {list(experts)}: different text and vision expert counts are not supported")
-    hidden = vision.get("hidden_size") or vision["embed_dim"]
     return _checked(VLConfig(
-        vision=VisionConfig(
-            depth=vision["depth"], hidden_size=hidden, num_heads=vision["num_heads"],
-            intermediate_size=vision.get("intermediate_size") or int(hidden * vision.get("mlp_ratio", 4)),
-            patch_size=vision.get("patch_size", 14), in_channels=vision.get("in_channels", 3),
-            spatial_merge_size=hf.get("spatial_conv_size", vision.get("spatial_merge_size", 2)),
-            temporal_merge_size=hf.get("temporal_conv_size", 2), hidden_act=vision.get("hidden_act", "quick_gelu"),
-            layer_norm_eps=1e-6, rope_theta=10000.0),
+        vision=_vision_flat(hf),
         text_hidden_size=hf["hidden_size"], text_rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
         mrope_section=(hw // 2, hw - hw // 2, t_section), token_ids=token_ids(hf, tokenizer),
         num_experts=experts[0], moe_k=hf.get("moe_k", 6),

@@ -39,8 +39,8 @@ class Ernie4_5_VLMoeForConditionalGeneration(Ernie4_5ForCausalLM):
                  quant_config: Optional[QuantConfig] = None):
         super().__init__(config, block_size, max_model_len, quant_config)
         self.vl_config = vl = VLConfig.from_hf(config.hf_config)
-        self.model.vision_model = VisionTransformer(vl.vision)
-        self.model.resampler_model = Resampler(vl)
+        self.model.vision_model = VisionTransformer(vl.vision, quant_config)  # linears as the decoder's
+        self.model.resampler_model = Resampler(vl, quant_config)
         self._vision_ids = np.asarray(vl.token_ids.vision, dtype=np.int64)
 
     def make_rope(self, config: ModelConfig, max_model_len: int) -> MRotaryEmbedding:

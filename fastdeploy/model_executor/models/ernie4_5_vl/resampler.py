@@ -9,17 +9,21 @@ Ernie4_5_VLMoeVariableResolutionResamplerModel; FastDeploy resampler.py Variable
   -> mlp (Linear to the text hidden size) -> after_norm (RMSNorm)         [tokens, text hidden]
 GELU is the exact (erf) one; the LayerNorms use the vision eps, after_norm the text one. An item
 (t, h, w) gives max(t / 2, 1) * h * w / 4 tokens, in its placeholders' order.
+The linear layers take the engine's linear method as the vision tower's (vision.py `encoder_linear`).
 Parameter names are the checkpoint's under `model.resampler_model.` (`spatial_linear.0/2/3`: the
 original nn.Sequential's indices).
 """
+from typing import Optional
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.model_executor.layers.linear import QuantConfig
 from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VLConfig
-from fastdeploy.model_executor.models.ernie4_5_vl.vision import LayerNorm, _linear
+from fastdeploy.model_executor.models.ernie4_5_vl.vision import LayerNorm, encoder_linear
 
 
 class GELU(paddle.nn.Layer):
@@ -27,8 +31,10 @@ class GELU(paddle.nn.Layer):
         return F.gelu(x, approximate=False)
 
 
-def _merge_mlp(in_dim: int, out_dim: int, eps: float) -> paddle.nn.Sequential:
-    return paddle.nn.Sequential(_linear(in_dim, out_dim), GELU(), _linear(out_dim, out_dim), LayerNorm(out_dim, eps))
+def _merge_mlp(in_dim: int, out_dim: int, eps: float, quant_config: Optional[QuantConfig],
+               prefix: str) -> paddle.nn.Sequential:
+    return paddle.nn.Sequential(encoder_linear(in_dim, out_dim, quant_config, f"{prefix}.0"), GELU(),
+                                encoder_linear(out_dim, out_dim, quant_config, f"{prefix}.2"), LayerNorm(out_dim, eps))
 
 
 def tokens_of(grid_thw: tuple, spatial_merge: int = 2, temporal_merge: int = 2) -> int:
@@ -52,15 +58,19 @@ def frame_pairs(grid_thw: list, spatial_merge: int = 2) -> tuple[np.ndarray, np.
 
 
 class Resampler(paddle.nn.Layer):
-    def __init__(self, config: VLConfig):
+    """quant_config: the engine's (None: float32 weights); prefix: the checkpoint names' (`model.resampler_model`)."""
+
+    def __init__(self, config: VLConfig, quant_config: Optional[QuantConfig] = None,
+                 prefix: str = "model.resampler_model"):
         super().__init__()
         vision = config.vision
         self.spatial_merge = vision.spatial_merge_size
         spatial_dim = vision.hidden_size * self.spatial_merge**2
-        self.spatial_linear = _merge_mlp(spatial_dim, spatial_dim, vision.layer_norm_eps)
+        self.spatial_linear = _merge_mlp(spatial_dim, spatial_dim, vision.layer_norm_eps, quant_config,
+                                         f"{prefix}.spatial_linear")
         self.temporal_linear = _merge_mlp(spatial_dim * vision.temporal_merge_size, spatial_dim,
-                                          vision.layer_norm_eps)
-        self.mlp = _linear(spatial_dim, config.text_hidden_size)
+                                          vision.layer_norm_eps, quant_config, f"{prefix}.temporal_linear")
+        self.mlp = encoder_linear(spatial_dim, config.text_hidden_size, quant_config, f"{prefix}.mlp")
         self.after_norm = RMSNorm(config.text_hidden_size, config.text_rms_norm_eps)
 
     def forward(self, x: paddle.Tensor, grid_thw: list) -> paddle.Tensor:

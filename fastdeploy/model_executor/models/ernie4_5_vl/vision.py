@@ -9,15 +9,21 @@ x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the s
 RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (j < d / 4), pair
 (k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
 being the patch's row and column in its frame. Attention runs in ops/vision_attention.py (the
-compiled `vision_attention` op, or its Paddle reference).
+compiled `vision_attention` op, or its Paddle reference), in float32 whatever the weights' format.
+The linear layers (patch embed, qkv, proj, fc1, fc2) take the engine's linear method
+(`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" | "wint4"` they are packed as the
+text decoder's are (layers/quantization/packed.py; a layer whose in_features the kind cannot take,
+e.g. the patch embed's 588 under wint4, stays float32); activations stay float32 between ops.
 Parameter names are the checkpoint's under `model.vision_model.`.
 """
+from typing import Optional
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
@@ -43,12 +49,17 @@ class RowBlockedLinearMethod(UnquantizedLinearMethod):
 
 
 def linear_method() -> UnquantizedLinearMethod:
-    """The vision encoder's and resampler's linear method: row blocks on AMD CPUs, one matmul elsewhere."""
+    """The vision encoder's and resampler's dense float32 method: row blocks on AMD CPUs, one matmul elsewhere."""
     return RowBlockedLinearMethod() if is_amd_cpu() else UnquantizedLinearMethod()
 
 
-def _linear(in_features: int, out_features: int, bias: bool = True) -> Linear:
-    return Linear(in_features, {None: out_features}, bias, linear_method())
+def encoder_linear(in_features: int, out_features: int, quant_config: Optional[QuantConfig], name: str,
+                   bias: bool = True) -> Linear:
+    """A vision-tower or resampler Linear for checkpoint tensor `name` (its `.weight`): dense float32
+    (`linear_method`) for float32 weights (quant_config None), else the method the engine chose
+    (layers/linear.py select_linear_method), as every text-decoder Linear."""
+    method = linear_method() if quant_config is None else select_linear_method(quant_config, [f"{name}.weight"])
+    return Linear(in_features, {None: out_features}, bias, method)
 
 
 class LayerNorm(paddle.nn.Layer):
@@ -77,11 +88,11 @@ def patch_positions(grid_thw: list) -> np.ndarray:
 
 
 class VisionAttention(paddle.nn.Layer):
-    def __init__(self, hidden: int, num_heads: int):
+    def __init__(self, hidden: int, num_heads: int, quant_config: Optional[QuantConfig], prefix: str):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, hidden // num_heads
-        self.qkv = _linear(hidden, 3 * hidden)
-        self.proj = _linear(hidden, hidden)
+        self.qkv = encoder_linear(hidden, 3 * hidden, quant_config, f"{prefix}.qkv")
+        self.proj = encoder_linear(hidden, hidden, quant_config, f"{prefix}.proj")
 
     def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
         # x: [N, hidden]; rope: (rows, cos, sin_signed); cu_seqlens: [frames + 1] patch rows of the frames
@@ -91,22 +102,22 @@ class VisionAttention(paddle.nn.Layer):
 
 
 class VisionMLP(paddle.nn.Layer):
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, quant_config: Optional[QuantConfig], prefix: str):
         super().__init__()
-        self.fc1 = _linear(hidden, intermediate)
-        self.fc2 = _linear(intermediate, hidden)
+        self.fc1 = encoder_linear(hidden, intermediate, quant_config, f"{prefix}.fc1")
+        self.fc2 = encoder_linear(intermediate, hidden, quant_config, f"{prefix}.fc2")
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return self.fc2(quick_gelu(self.fc1(x)))
 
 
 class VisionBlock(paddle.nn.Layer):
-    def __init__(self, config: VisionConfig):
+    def __init__(self, config: VisionConfig, quant_config: Optional[QuantConfig], prefix: str):
         super().__init__()
         self.norm1 = LayerNorm(config.hidden_size, config.layer_norm_eps)
         self.norm2 = LayerNorm(config.hidden_size, config.layer_norm_eps)
-        self.attn = VisionAttention(config.hidden_size, config.num_heads)
-        self.mlp = VisionMLP(config.hidden_size, config.intermediate_size)
+        self.attn = VisionAttention(config.hidden_size, config.num_heads, quant_config, f"{prefix}.attn")
+        self.mlp = VisionMLP(config.hidden_size, config.intermediate_size, quant_config, f"{prefix}.mlp")
 
     def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
         x = x + self.attn(self.norm1(x), rope, cu_seqlens)
@@ -114,20 +125,24 @@ class VisionBlock(paddle.nn.Layer):
 
 
 class PatchEmbed(paddle.nn.Layer):
-    def __init__(self, patch_dim: int, hidden: int):
+    def __init__(self, patch_dim: int, hidden: int, quant_config: Optional[QuantConfig], prefix: str):
         super().__init__()
-        self.proj = _linear(patch_dim, hidden, bias=False)
+        self.proj = encoder_linear(patch_dim, hidden, quant_config, f"{prefix}.proj", bias=False)
 
     def forward(self, pixel_values: paddle.Tensor) -> paddle.Tensor:
         return self.proj(pixel_values)
 
 
 class VisionTransformer(paddle.nn.Layer):
-    def __init__(self, config: VisionConfig):
+    """quant_config: the engine's (None: float32 weights); prefix: the checkpoint names' (`model.vision_model`)."""
+
+    def __init__(self, config: VisionConfig, quant_config: Optional[QuantConfig] = None,
+                 prefix: str = "model.vision_model"):
         super().__init__()
         self.config = config
-        self.patch_embed = PatchEmbed(config.patch_dim, config.hidden_size)
-        self.blocks = paddle.nn.LayerList([VisionBlock(config) for _ in range(config.depth)])
+        self.patch_embed = PatchEmbed(config.patch_dim, config.hidden_size, quant_config, f"{prefix}.patch_embed")
+        self.blocks = paddle.nn.LayerList([VisionBlock(config, quant_config, f"{prefix}.blocks.{i}")
+                                           for i in range(config.depth)])
         self.ln = LayerNorm(config.hidden_size, config.layer_norm_eps)
         head_dim = config.hidden_size // config.num_heads
         quarter = np.arange(0, head_dim // 2, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim // 2)
