@@ -9,7 +9,8 @@
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
 //     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); above,
 //     where AMX is absent, int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in
-//     L2), reused by every 6-row block.
+//     L2), reused by every 6-row block. One row of x on wint8 (decode) runs Wint8Row instead: float32
+//     FMAs on the int8 values widened to float32 and x's bf16 values widened back (the same products).
 //   * AMX-BF16 (compiled when -march=native has it, on Linux; used from 7 rows when the kernel grants the
 //     process the tile state): the bf16 panel is, as it is, the B operand of `tdpbf16ps` (16 pairs x 16
 //     columns per tile: a panel row of 256 bytes holds four tiles' rows); x, rounded into a 64-byte aligned
@@ -205,6 +206,50 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
     }
 }
 
+// y[panel columns] = x . panel for one row of x and a wint8 panel (decode's GEMV), in float32 FMAs:
+// per pair k2, the panel's 128 int8 values widen to float32 (exact) in 8 registers, each multiplied by
+// the broadcast pair (x[2 k2], x[2 k2 + 1]) of bf16-rounded x widened to float32 (xf), so every
+// product is the exact product the bf16 kernels form; lane 2c + t of the 8 accumulators sums column
+// c's products with x[2 k2 + t], the two added at the end. Three vector operations per 16 weights
+// instead of the int8 -> float32 -> bf16 conversion before `vdpbf16ps` (~3.5 for 16): the decode GEMV
+// is bound by this arithmetic, not by memory, on int8 (benchmarks/README.md, "wint8 decode GEMV").
+// Two pairs per step (16 accumulators, independent chains).
+void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col_scales, int64_t cols, float* y) {
+  __m512 acc[16];
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t k2 = 0;
+  for (; k2 + 2 <= K2; k2 += 2) {
+    const int8_t* q = panel + k2 * 128;
+    for (int64_t line = 0; line < 256; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetchBytes + line), _MM_HINT_T0);
+    const __m512 x0 = _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(xf + 2 * k2)));
+    const __m512 x1 = _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(xf + 2 * k2 + 2)));
+    for (int r = 0; r < 8; ++r) {
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * 16));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 128 + r * 16));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), x0, acc[r]);
+      acc[8 + r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), x1, acc[8 + r]);
+    }
+  }
+  if (k2 < K2) {  // an odd last pair
+    const int8_t* q = panel + k2 * 128;
+    const __m512 x0 = _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(xf + 2 * k2)));
+    for (int r = 0; r < 8; ++r)
+      acc[r] = _mm512_fmadd_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + r * 16)))),
+          x0, acc[r]);
+  }
+  // register r's lanes are columns 8 r .. 8 r + 7, (t = 0, t = 1) each: add the pairs, 16 columns per two registers
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int j = 0; j < 4; ++j) {
+    const __m512 a = _mm512_add_ps(acc[2 * j], acc[8 + 2 * j]), b = _mm512_add_ps(acc[2 * j + 1], acc[9 + 2 * j]);
+    const __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+    _mm512_mask_storeu_ps(y + 16 * j, mask, _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(mask, col_scales + 16 * j)));
+  }
+}
+
 // Panels of W taken one at a time from `next` (an atomic counter shared by the threads: a thread the OS
 // pauses delays one panel, not a fixed share of them). Up to kMaxTileRows rows: one tile per panel over all of K, W streamed once. More:
 // pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
@@ -212,7 +257,7 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
 constexpr int64_t kChunkPairs = 64;
 
 template <int64_t KIND>
-void Panels(const uint32_t* xb, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
+void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
             std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   std::vector<uint16_t> bf16_panel(KIND != kBf16 && M > kMaxTileRows ? K2 * 128 : 0);
@@ -222,6 +267,10 @@ void Panels(const uint32_t* xb, int64_t M, int64_t K2, const uint8_t* w, const L
     const float* col_scales = KIND == kWint8 ? panel_scales : nullptr;
     const int64_t cols = std::min(kPanel, N - p * kPanel);
     float* yp = y + p * kPanel;
+    if (KIND == kWint8 && M == 1) {
+      Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, col_scales, cols, yp);
+      continue;
+    }
     if (M <= kMaxTileRows) {
       RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, col_scales, cols, true, true, yp, N);
       continue;
@@ -388,6 +437,9 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   const int64_t ldx = amx ? (K + 31) / 32 * 32 : K, rows = amx ? (M + 15) / 16 * 16 : M;
   std::vector<uint16_t> xb_buffer(rows * ldx + 32);
   uint16_t* xb = Align64(xb_buffer.data());
+  // wint8 with one row (Wint8Row): x rounded to bf16 and widened back, K float32 values
+  std::vector<float> xf(kind == kWint8 && M == 1 ? K : 0);
+  for (int64_t k = 0; k < static_cast<int64_t>(xf.size()); ++k) xf[k] = Bf16ToFloat(RoundToBf16(xd[k]));
   std::atomic<int64_t> next{0};  // the next panel to compute
 #pragma omp parallel if (M * N * K >= kParallelMacs)
   {
@@ -410,9 +462,9 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #ifdef __AVX512BF16__
       const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb);
       switch (kind) {
-        case kBf16: Panels<kBf16>(pairs, M, l.k2, wd, l, N, next, yd); break;
-        case kWint8: Panels<kWint8>(pairs, M, l.k2, wd, l, N, next, yd); break;
-        default: Panels<kWint4>(pairs, M, l.k2, wd, l, N, next, yd); break;
+        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, next, yd); break;
+        case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, next, yd); break;
+        default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, next, yd); break;
       }
 #endif
     } else {
