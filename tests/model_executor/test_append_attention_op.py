@@ -52,12 +52,12 @@ def cache_values(array: np.ndarray) -> np.ndarray:
     return (array.astype(np.uint32) << 16).view(np.float32)
 
 
-def make_step(rng, heads, kv_heads, head_dim, lengths, dtype="float32"):
+def make_step(rng, heads, kv_heads, head_dim, lengths, dtype="float32", block_size=BLOCK_SIZE):
     """(cache of `dtype` filled with random history, ForwardMeta, qkv [n, (heads + 2 kv_heads) * head_dim])."""
     lengths = [lengths[i] for i in rng.permutation(len(lengths))]
-    needed = [-(-(h + n) // BLOCK_SIZE) for h, n in lengths]
+    needed = [-(-(h + n) // block_size) for h, n in lengths]
     num_blocks = sum(needed) + 4
-    cache = allocate_kv_cache(num_blocks, kv_heads, BLOCK_SIZE, head_dim, dtype)
+    cache = allocate_kv_cache(num_blocks, kv_heads, block_size, head_dim, dtype)
     for array in (cache.key, cache.value):
         history = rng.standard_normal(array.shape, dtype=np.float32)
         array[...] = history if dtype == "float32" else bf16_bits_of(round_bf16(history))
@@ -65,7 +65,7 @@ def make_step(rng, heads, kv_heads, head_dim, lengths, dtype="float32"):
     tables = [[int(free.pop()) for _ in range(k)] for k in needed]
     positions = np.concatenate([np.arange(h, h + n) for h, n in lengths])
     meta = ForwardMeta.build(seq_lens_this_time=[n for _, n in lengths], seq_lens_decoder=[h for h, _ in lengths],
-                             block_tables=tables, block_size=BLOCK_SIZE, caches=[cache])
+                             block_tables=tables, block_size=block_size, caches=[cache])
     qkv = rng.standard_normal((len(positions), (heads + 2 * kv_heads) * head_dim), dtype=np.float32)
     return cache, meta, qkv
 
@@ -150,6 +150,24 @@ def test_shim_matches_reference_with_a_custom_scale(forced):
     with fallbacks_forced(forced):
         got = append_attention(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *index, heads, scale)
     assert_matches(got, cache, expected)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block_size", [4, 20])
+def test_block_sizes_not_a_multiple_of_16(block_size, dtype):
+    """The decode item scores a block's last block_size % 16 keys one at a time (its tail path)."""
+    heads, kv_heads, head_dim = 8, 2, 64
+    rng = np.random.default_rng(block_size)
+    steps = [(h, 1) for h in (0, 3, 18, 19, 20, 21, 57)] + [(0, 9), (13, 30)]
+    cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, steps, dtype, block_size)
+    expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
+    for forced in (False, True):
+        with fallbacks_forced(forced):
+            backend = select_attention_backend(heads, kv_heads, head_dim, block_size)
+            assert isinstance(backend, PaddleAttentionBackend if forced else AppendAttentionBackend)
+            run_cache = copy_cache(cache)
+            got = backend.forward(paddle.to_tensor(qkv), run_cache, backend.init_attention_metadata(meta))
+            assert_matches(got, run_cache, expected)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
