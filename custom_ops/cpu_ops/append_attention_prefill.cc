@@ -12,13 +12,14 @@
 namespace fd_attention {
 
 // Query tokens first .. first + count - 1 of request i (rows = count x group heads) against KV head h.
-void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch& scratch) {
+template <typename Cache>
+void PrefillItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Scratch& scratch) {
   const int64_t dim = g.head_dim, group = g.group, bs = g.block_size;
   const int64_t rows = item.count * group, rp = (rows + kLanes - 1) / kLanes * kLanes;
   const int64_t first_pos = in.history[item.request] + item.first, last_key = first_pos + item.count - 1;
   const int64_t token0 = in.cu_seqlens[item.request] + item.first;
   const int64_t* blocks = in.block_tables + item.request * g.max_blocks;
-  scratch.floats.resize(rp * (2 * dim + bs + 4));
+  scratch.floats.resize(rp * (2 * dim + bs + 4) + bs * dim);
   scratch.offsets.resize(rp);
   float* qt = scratch.floats.data();  // [dim, rp] scaled queries, transposed
   float* o = qt + dim * rp;           // [rp, dim]
@@ -27,6 +28,7 @@ void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch&
   float* l = m + rp;                  // [rp] running sum
   float* alpha = l + rp;              // [rp] rescaling factor; first the scale of each row
   float* pos = alpha + rp;            // [rp] query position of each row
+  float* wide = pos + rp;             // [bs, dim]: a bf16 cache block widened
   int32_t* offsets = scratch.offsets.data();  // [rp] each row's query, from the first row's
   for (int64_t r = 0; r < rp; ++r) {  // rows past `rows` repeat the last one, scaled by 0
     const int64_t real = std::min(r, rows - 1);
@@ -44,7 +46,7 @@ void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch&
   for (int64_t start = 0; start <= last_key; start += bs) {
     const int64_t block = blocks[start / bs];
     const int64_t keys = std::min(bs, last_key + 1 - start), padded = (keys + 3) / 4 * 4;
-    ScoreBlock(BlockRows(in.key_cache, g, block, item.kv_head), padded, qt, rp, dim, s);
+    ScoreBlock(AsFloats(BlockRows(in.key_cache, g, block, item.kv_head), padded * dim, wide), padded, qt, rp, dim, s);
     if (start + padded - 1 > first_pos) {  // causal mask; also masks the padding keys past last_key
       for (int64_t k = 0; k < padded; ++k) {
         const float key_pos = static_cast<float>(start + k);
@@ -54,7 +56,8 @@ void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch&
       }
     }
     SoftmaxStep(s, padded, rp, dim, m, l, alpha, o);
-    AccumulateValues(s, rp, 1, rows, BlockRows(in.value_cache, g, block, item.kv_head), keys, dim, o);
+    AccumulateValues(s, rp, 1, rows, AsFloats(BlockRows(in.value_cache, g, block, item.kv_head), keys * dim, wide),
+                     keys, dim, o);
   }
   for (int64_t r = 0; r < rows; ++r) {
     float* out = in.out + (token0 + r / group) * g.num_heads * dim + (item.kv_head * group + r % group) * dim;
@@ -62,5 +65,8 @@ void PrefillItem(const Inputs& in, const Geometry& g, const Item& item, Scratch&
     for (int64_t d = 0; d < dim; ++d) out[d] = o[r * dim + d] * inv;
   }
 }
+
+template void PrefillItem(const Inputs<float>&, const Geometry&, const Item&, Scratch&);
+template void PrefillItem(const Inputs<Bf16>&, const Geometry&, const Item&, Scratch&);
 
 }  // namespace fd_attention

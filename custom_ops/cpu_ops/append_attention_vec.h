@@ -1,6 +1,9 @@
 // The 16-float vector that append_attention's kernels are written on: AVX-512 intrinsics where the
 // compiler targets them, otherwise a struct of 16 floats whose loops the compiler vectorises. Loads,
 // stores, arithmetic, reductions, exp (vec_exp.h), a gather, and SumEach (16 horizontal sums at once).
+// A bf16 KV cache holds each value's bit pattern in a uint16_t (Bf16): Load widens 16 of them to
+// float32 exactly (the bits shifted up 16); RoundToBf16 is the cache write's rounding (to nearest
+// even, as vcvtneps2bf16).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -17,9 +20,31 @@ namespace fd_attention {
 
 constexpr int64_t kLanes = 16;       // floats per vector; head_dim must be a multiple
 
+using Bf16 = uint16_t;  // a bfloat16's bits: the upper half of the float32 it widens to
+
+inline float ToFloat(Bf16 h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Nearest bfloat16 of f, ties to even; a NaN stays a (quiet) NaN.
+inline Bf16 RoundToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<Bf16>(u >> 16);
+}
+
 #ifdef __AVX512F__
 using Vec = __m512;
 inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec Load(const Bf16* p) {  // 16 bf16 widened: zero-extend to 32 bits, shift into the high half
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
 inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec Splat(float x) { return _mm512_set1_ps(x); }
 inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -55,6 +80,11 @@ struct Vec {
 inline Vec Load(const float* p) {
   Vec v;
   std::memcpy(v.x, p, sizeof(v.x));
+  return v;
+}
+inline Vec Load(const Bf16* p) {
+  Vec v;
+  for (int64_t i = 0; i < kLanes; ++i) v.x[i] = ToFloat(p[i]);
   return v;
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, v.x, sizeof(v.x)); }

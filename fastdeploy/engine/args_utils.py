@@ -90,6 +90,8 @@ class EngineArgs:
             in bf16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere; GGUF files as stored),
             "bfloat16" (half float32's memory; activations stay float32 between layers, each matmul
             rounds its input to bf16 and sums in float32), or "float32" (exact float32 throughout).
+            The KV cache follows the compute dtype: bf16 for bf16 and wint8/wint4 weights (twice the
+            tokens in the same memory), float32 for float32 and GGUF blocks.
             See model_executor/layers/quantization/weight_format.py.
         quantization: None, or weight-only "wint8" (int8 per output feature) or "wint4" (int4 with a
             scale and minimum per group of 32 inputs), quantized once at load from a float checkpoint
@@ -221,7 +223,9 @@ class EngineArgs:
         return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill,
                                self.enable_prefix_caching, threshold)
 
-    def cache_config(self, model_config: ModelConfig, weights_bytes: int) -> CacheConfig:
+    def cache_config(self, model_config: ModelConfig, weights_bytes: int, dtype: str = "float32") -> CacheConfig:
+        """The KV pool: num_gpu_blocks_override, or as many blocks of `dtype` ("float32" or "bfloat16")
+        as the memory left beside the weights holds, at most what max_num_seqs full sequences use."""
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if self.num_gpu_blocks_override is not None:
             num_blocks = self.num_gpu_blocks_override
@@ -232,13 +236,16 @@ class EngineArgs:
                     f"blocks of {self.block_size} tokens: raise it to at least {blocks_per_seq + 1} or lower max_model_len"
                 )
         else:
-            num_blocks = self._blocks_from_memory(model_config, weights_bytes, blocks_per_seq)
-        logger.info("total_block_num:%d (block_size %d, %d tokens)", num_blocks, self.block_size,
-                    (num_blocks - 1) * self.block_size)
-        return CacheConfig(self.block_size, num_blocks, self.gpu_memory_utilization, self.kv_cache_ratio)
+            num_blocks = self._blocks_from_memory(model_config, weights_bytes, blocks_per_seq, dtype)
+        logger.info("total_block_num:%d (block_size %d, %d tokens, %s)", num_blocks, self.block_size,
+                    (num_blocks - 1) * self.block_size, dtype)
+        return CacheConfig(self.block_size, num_blocks, self.gpu_memory_utilization, self.kv_cache_ratio, dtype)
 
-    def _blocks_from_memory(self, model_config: ModelConfig, weights_bytes: int, blocks_per_seq: int) -> int:
-        block_bytes = model_config.kv_bytes_per_token() * self.block_size
+    def _blocks_from_memory(self, model_config: ModelConfig, weights_bytes: int, blocks_per_seq: int,
+                            dtype: str) -> int:
+        from fastdeploy.model_executor.layers.attention import KV_CACHE_BYTES
+
+        block_bytes = model_config.kv_bytes_per_token(KV_CACHE_BYTES[dtype]) * self.block_size
         available = available_memory_bytes()
         budget = self.gpu_memory_utilization * available - weights_bytes
         needed = (blocks_per_seq + 1) * block_bytes
@@ -253,10 +260,11 @@ class EngineArgs:
         return int(min(budget // block_bytes, useful))
 
     def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict,
-                             bytes_per_weight: float = 4.0, lm_head_bytes_per_weight: Optional[float] = None) -> FDConfig:
+                             bytes_per_weight: float = 4.0, lm_head_bytes_per_weight: Optional[float] = None,
+                             kv_cache_dtype: str = "float32") -> FDConfig:
         """bytes_per_weight (lm_head_bytes_per_weight: lm_head's, when it differs): of the linear layers in
         the resolved weight format (a tied embedding shares lm_head's copy when that is not float32), for
-        sizing the KV pool."""
+        sizing the KV pool; kv_cache_dtype: the resolved format's (WeightFormat.kv_cache_dtype)."""
         model_config = ModelConfig.from_hf_config(hf_config)
         check_tensor_parallel(model_config, self.tensor_parallel_size)
         if self.max_model_len > model_config.max_position_embeddings:
@@ -267,7 +275,8 @@ class EngineArgs:
         return FDConfig(
             model_config=model_config,
             cache_config=self.cache_config(model_config, model_config.weight_bytes(bytes_per_weight,
-                                                                                  lm_head_bytes_per_weight)),
+                                                                                  lm_head_bytes_per_weight),
+                                           kv_cache_dtype),
             scheduler_config=self.scheduler_config(),
             model_path=model_path,
             seed=self.seed,

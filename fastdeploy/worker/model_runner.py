@@ -41,10 +41,10 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_caches()
 
     def _allocate_kv_caches(self) -> list:
-        """One KVCache per layer, `num_blocks` blocks each (see layers/attention.py for the layout)."""
-        mc = self.config.model_config
-        num_blocks = self.config.cache_config.num_blocks
-        return [allocate_kv_cache(num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim)
+        """One KVCache per layer, `num_blocks` blocks each, of the cache config's dtype (see
+        layers/attention.py for the layout)."""
+        mc, cc = self.config.model_config, self.config.cache_config
+        return [allocate_kv_cache(cc.num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim, cc.dtype)
                 for _ in range(mc.num_hidden_layers)]
 
     # ---- state --------------------------------------------------------------------------------

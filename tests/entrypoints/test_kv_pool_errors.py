@@ -59,13 +59,14 @@ def test_pool_sizing_from_memory_arithmetic(monkeypatch, smollm_llm):
     per_seq = max_len // block_size  # 16
     useful = seqs * per_seq + 1  # 65
 
-    def blocks_with_budget(budget_bytes):
+    def blocks_with_budget(budget_bytes, dtype="float32"):
         monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
         args = EngineArgs(max_model_len=max_len, block_size=block_size, max_num_seqs=seqs, gpu_memory_utilization=util)
-        return args.cache_config(mc, weights).num_blocks
+        return args.cache_config(mc, weights, dtype).num_blocks
 
     assert blocks_with_budget((per_seq + 1) * block_bytes) == per_seq + 1  # just one sequence + the null block
     assert blocks_with_budget(40 * block_bytes + block_bytes // 2) == 40
+    assert blocks_with_budget(20 * block_bytes + block_bytes // 2, "bfloat16") == 41  # 2 bytes per element
     assert blocks_with_budget(1000 * block_bytes) == useful  # no more than max_num_seqs sequences use
     with pytest.raises(ValueError, match="max_model_len=256 sequence needs"):
         blocks_with_budget((per_seq + 1) * block_bytes - block_bytes // 2)

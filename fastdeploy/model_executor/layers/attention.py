@@ -16,6 +16,12 @@ is already `[kv_heads, blocks * block_size, head_dim]`. The gathers and cache wr
 (shared with Paddle through DLPack, no copies) because Paddle's CPU gather moves ~2.5 GB/s, a
 fifth of numpy's; the arithmetic runs in Paddle.
 
+Cache dtype (`KV_CACHE_DTYPES`): float32, or bfloat16 for models that compute in bf16 (the engine
+picks it from the weight format: layers/quantization/weight_format.py). numpy has no bfloat16, so a
+bf16 cache is held as uint16 arrays of bf16 bits, which DLPack hands Paddle as uint16 tensors: the
+compiled op takes those (and Paddle bfloat16 tensors) as bf16. Writes round float32 K/V to nearest
+even; reads widen exactly to float32 (the bits shifted up 16), and all arithmetic stays float32.
+
 Pure-Paddle path: requests are attended in groups, padded to the group's longest query and
 history, with one batched matmul per group: the model runner orders the batch by query length
 (decodes first), and consecutive requests share a group while padding at most doubles their
@@ -33,9 +39,13 @@ import paddle.nn.functional as F
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.model_executor.layers.quantization.packed import bf16_bits
 from fastdeploy.model_executor.ops import compiled_op
 
 MAX_BATCHED_QUERY = 256
+# cache dtype name -> the numpy dtype its arrays hold (bf16 as its uint16 bit patterns)
+KV_CACHE_DTYPES = {"float32": np.float32, "bfloat16": np.uint16}
+KV_CACHE_BYTES = {name: np.dtype(held).itemsize for name, held in KV_CACHE_DTYPES.items()}
 
 
 def compiled_append_attention(head_dim: int, block_size: int) -> Optional[Callable]:
@@ -93,27 +103,56 @@ class LongPrefill:
 @dataclass
 class KVCache:
     """One layer's cache: numpy arrays [num_blocks * kv_heads, block_size, head_dim] for writes and
-    gathers, and Paddle views of the same memory [num_blocks, kv_heads, block_size, head_dim] for ops."""
+    gathers, and Paddle views of the same memory [num_blocks, kv_heads, block_size, head_dim] for ops.
+    The arrays are float32, or uint16 holding bf16 bits (see the module docstring)."""
 
     key: np.ndarray
     value: np.ndarray
     key_tensor: paddle.Tensor
     value_tensor: paddle.Tensor
 
+    @property
+    def dtype(self) -> str:
+        """"float32" or "bfloat16" (a key of KV_CACHE_DTYPES)."""
+        return "bfloat16" if self.key.dtype == np.uint16 else "float32"
+
     @classmethod
     def of(cls, key: paddle.Tensor, value: paddle.Tensor) -> "KVCache":
-        """The cache over existing contiguous [num_blocks, kv_heads, block_size, head_dim] tensors (shared)."""
+        """The cache over existing contiguous [num_blocks, kv_heads, block_size, head_dim] tensors
+        (shared): float32, or bf16 (Paddle bfloat16, or uint16 holding bf16 bits). ValueError otherwise."""
+        if key.dtype != value.dtype or key.dtype not in (paddle.float32, paddle.bfloat16, paddle.uint16):
+            raise ValueError(f"KV cache tensors must both be float32 or both bf16 (bfloat16, or uint16 holding "
+                             f"bf16 bits), got {key.dtype} and {value.dtype}")
         blocks, kv_heads, block_size, head_dim = key.shape
         rows = (blocks * kv_heads, block_size, head_dim)
-        return cls(_as_numpy(key).reshape(rows), _as_numpy(value).reshape(rows), key, value)
+        arrays = [_as_numpy(t.view(paddle.uint16) if t.dtype == paddle.bfloat16 else t) for t in (key, value)]
+        return cls(arrays[0].reshape(rows), arrays[1].reshape(rows), key, value)
 
 
-def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int) -> KVCache:
-    """Zeroed float32 cache; np.zeros maps zero pages lazily, so memory is committed as blocks are used."""
-    key = np.zeros((num_blocks * kv_heads, block_size, head_dim), np.float32)
+def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int,
+                      dtype: str = "float32") -> KVCache:
+    """Zeroed cache of `dtype` ("float32" or "bfloat16", see KV_CACHE_DTYPES); np.zeros maps zero pages
+    lazily, so memory is committed as blocks are used. ValueError for another dtype."""
+    if dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"KV cache dtype must be one of {list(KV_CACHE_DTYPES)}, got {dtype!r}")
+    key = np.zeros((num_blocks * kv_heads, block_size, head_dim), KV_CACHE_DTYPES[dtype])
     value = np.zeros_like(key)
     shape = (num_blocks, kv_heads, block_size, head_dim)
     return KVCache(key, value, _as_paddle(key.reshape(shape)), _as_paddle(value.reshape(shape)))
+
+
+def _to_cache(rows: np.ndarray, cache: np.ndarray) -> np.ndarray:
+    """float32 K or V rows in the cache's element type (bf16: rounded to nearest even)."""
+    return bf16_bits(rows) if cache.dtype == np.uint16 else rows
+
+
+def _widen(rows: np.ndarray) -> np.ndarray:
+    """Rows gathered from a cache as float32 (bf16 bits widened exactly; float32 rows as they are)."""
+    if rows.dtype != np.uint16:
+        return rows
+    wide = rows.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 def _gather_rows(block_table: np.ndarray, kv_heads: int) -> np.ndarray:
@@ -232,8 +271,8 @@ class PaddleAttentionBackend:
         n, heads, kvh, dim = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         rows = _as_numpy(qkv)  # [n, (heads + 2 kvh) * dim]
         k, v = rows[:, heads * dim : (heads + kvh) * dim], rows[:, (heads + kvh) * dim :]
-        cache.key.reshape(-1, dim)[meta.write_slots] = k.reshape(n, kvh, dim)
-        cache.value.reshape(-1, dim)[meta.write_slots] = v.reshape(n, kvh, dim)
+        cache.key.reshape(-1, dim)[meta.write_slots] = _to_cache(k.reshape(n, kvh, dim), cache.key)
+        cache.value.reshape(-1, dim)[meta.write_slots] = _to_cache(v.reshape(n, kvh, dim), cache.value)
         # paddle.scale: 4x faster than `q * scale` on a strided view
         q = paddle.scale(qkv[:, : heads * dim], self.scale).reshape([n, heads, dim])
         outputs = []
@@ -244,7 +283,7 @@ class PaddleAttentionBackend:
         return outputs[0] if len(outputs) == 1 else paddle.concat(outputs, axis=0)
 
     def _history(self, cache: np.ndarray, rows: np.ndarray, shape: list) -> paddle.Tensor:
-        return _as_paddle(cache[rows].reshape(shape))
+        return _as_paddle(_widen(cache[rows]).reshape(shape))
 
     def _group_attention(self, q, cache: KVCache, g: AttentionGroup) -> paddle.Tensor:
         # q: [num_tokens, heads, head_dim] (already scaled) -> [num_tokens, heads * head_dim]

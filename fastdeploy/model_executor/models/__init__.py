@@ -42,9 +42,10 @@ Run one step:
   [num_tokens] int64 (0 text, 1 image, 2 video) or None reaches the MoE layers; attn_metadata is
   filled by the model's attention backend at the start of forward.
   KV caches: the runner allocates one layers/attention.py `allocate_kv_cache(num_blocks,
-  num_key_value_heads, block_size, head_dim)` per decoder layer (key/value [num_blocks, kv_heads,
-  block_size, head_dim] float32, FastDeploy's layout) and hands the list as `caches`; layer i writes
-  this step's K/V into caches[i] at slot_mapping and attends over its blocks.
+  num_key_value_heads, block_size, head_dim, dtype)` per decoder layer (key/value [num_blocks,
+  kv_heads, block_size, head_dim], FastDeploy's layout; float32, or bf16 bits for models computing
+  in bf16) and hands the list as `caches`; layer i writes this step's K/V into caches[i] at
+  slot_mapping and attends over its blocks.
 Multimodal models also have `embed_multimodal(features)`: multimodal/inputs.py MultiModalFeature list
   -> one [feature.length, hidden] float32 tensor per feature (the runner's worker/multimodal.py puts
   them at the placeholder rows of inputs_embeds).

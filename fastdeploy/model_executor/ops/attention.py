@@ -19,9 +19,11 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
 
     qkv: [n, (num_heads + 2 kv_heads) * head_dim] contiguous float32, each row q heads | k heads |
         v heads, RoPE already applied to q and k.
-    key_cache, value_cache: [num_blocks, kv_heads, block_size, head_dim] contiguous float32
-        (FastDeploy's layout); row t's K and V are written at slot_mapping[t]. ValueError for a
-        strided view (Paddle would hand the op a copy, and the writes would be lost).
+    key_cache, value_cache: [num_blocks, kv_heads, block_size, head_dim] contiguous, both float32 or
+        both bf16 (Paddle bfloat16, or uint16 holding bf16 bits; K/V written rounded to nearest even,
+        read widened exactly; the math is float32), FastDeploy's layout; row t's K and V are written
+        at slot_mapping[t]. ValueError for a strided view (Paddle would hand the op a copy, and the
+        writes would be lost).
     slot_mapping: [n] int64, block * block_size + offset of each row's token.
     cu_seqlens_q: [bs + 1] int64, request i owns rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1] - 1.
     seq_lens_decoder: [bs] int64, tokens of request i already cached before this step.

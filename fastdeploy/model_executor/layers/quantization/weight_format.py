@@ -53,7 +53,8 @@ def checkpoint_dtype(hf_config: dict) -> str:
 class WeightFormat:
     """name: "gguf", "float32", "bfloat16", "wint8" or "wint4"; quant_config: what the model's build
     gets (None: dense float32); bytes_per_weight: of the linear layers and lm_head, for sizing the KV
-    pool (GGUF: None, sized as float32 as before)."""
+    pool (GGUF: None, sized as float32 as before); kv_cache_dtype: the KV cache's dtype, the compute
+    dtype (bf16 for bf16, wint8 and wint4, whose matmuls run in bf16; float32 for float32 and GGUF)."""
 
     name: str
     quant_config: Optional[QuantConfig]
@@ -61,6 +62,10 @@ class WeightFormat:
     @property
     def bytes_per_weight(self) -> float:
         return BYTES_PER_WEIGHT.get(self.name, 4.0)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return "bfloat16" if self.name in ("bfloat16", "wint8", "wint4") else "float32"
 
     @property
     def lm_head_bytes_per_weight(self) -> float:
