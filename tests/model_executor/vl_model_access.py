@@ -26,12 +26,12 @@ def load_our_model(directory, max_model_len: int = 1024, quant_config=None):
     return model
 
 
-def run_steps(model, steps: list, num_blocks: int = 16) -> list[np.ndarray]:
+def run_steps(model, steps: list, num_blocks: int = 16, cache_dtype: str = "float32") -> list[np.ndarray]:
     """Run consecutive steps of one sequence; each step (input_ids [k], positions [3, k] or [k],
-    inputs_embeds [k, hidden] paddle tensor or None) extends the KV cache. Returns the logits [k, vocab]
-    of every step."""
+    inputs_embeds [k, hidden] paddle tensor or None) extends the KV cache (of `cache_dtype`: the
+    engine's, CacheConfig.dtype, to reproduce its numbers). Returns the logits [k, vocab] of every step."""
     config = model.config
-    caches = [allocate_kv_cache(num_blocks + 1, config.num_key_value_heads, BLOCK_SIZE, config.head_dim)
+    caches = [allocate_kv_cache(num_blocks + 1, config.num_key_value_heads, BLOCK_SIZE, config.head_dim, cache_dtype)
               for _ in range(config.num_hidden_layers)]
     done, results = 0, []
     for input_ids, positions, inputs_embeds in steps:
@@ -45,6 +45,6 @@ def run_steps(model, steps: list, num_blocks: int = 16) -> list[np.ndarray]:
     return results
 
 
-def prefill_logits(model, input_ids, positions, inputs_embeds=None) -> np.ndarray:
+def prefill_logits(model, input_ids, positions, inputs_embeds=None, cache_dtype: str = "float32") -> np.ndarray:
     """Logits [n, vocab] at every position of one prompt, in one prefill step."""
-    return run_steps(model, [(input_ids, positions, inputs_embeds)])[0]
+    return run_steps(model, [(input_ids, positions, inputs_embeds)], cache_dtype=cache_dtype)[0]

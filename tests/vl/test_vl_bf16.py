@@ -148,7 +148,8 @@ def our_path_logits(llm, ids, pixels, grids, hf32) -> np.ndarray:
     flat = ids[0].numpy()
     embeds = model.embed_input_ids(paddle.to_tensor(flat)).numpy().copy()
     embeds[flat == IMAGE] = ours_encode(llm, pixels.numpy(), [tuple(g) for g in grids.tolist()])
-    logits = prefill_logits(model, flat, positions[:, 0].numpy(), paddle.to_tensor(embeds))
+    logits = prefill_logits(model, flat, positions[:, 0].numpy(), paddle.to_tensor(embeds),
+                            cache_dtype=llm.llm_engine.config.cache_config.dtype)  # the engine's: bf16
     logits[:, VISION_IDS] = -np.inf
     return logits
 
@@ -232,7 +233,8 @@ def test_kv_pool_is_sized_from_the_weights_as_held_encoder_included(vl_dir, sett
     seen = []
     original = EngineArgs.cache_config
     monkeypatch.setattr(EngineArgs, "cache_config",
-                        lambda self, mc, weights_bytes: seen.append(weights_bytes) or original(self, mc, weights_bytes))
+                        lambda self, mc, weights_bytes, *dtype: seen.append(weights_bytes)
+                        or original(self, mc, weights_bytes, *dtype))
     llm = LLM(model=str(vl_dir), max_model_len=512, **settings)
     model = model_runner(llm).model
     held = held_bytes([model])
