@@ -20,6 +20,7 @@ timed in a child process without Paddle (its libiomp5 is another OpenMP runtime)
 OpenMP (MKL_THREADING_LAYER=GNU) on the same two threads.
 
     python benchmarks/benchmark_linear_kernels.py [--repeats 20] [--mkl-lib DIR] [--shapes qkv,lm_head]
+        [--rows 1,8,32,64,256]
 """
 import argparse
 import ctypes
@@ -36,6 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 # ERNIE-4.5-0.3B: hidden 1024, 16 heads and 2 KV heads of 128, intermediate 3072, vocab 103424
 SHAPES = {"qkv": (1024, 2560), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024),
           "lm_head": (1024, 103424)}  # name: (K, N)
+ERNIE_SHAPES = ",".join(SHAPES)
+# ERNIE-4.5-VL's vision encoder (hidden 1280, MLP 5120; 5476 patches for a 1024x1024 image): --shapes
+# vl_qkv,vl_proj,vl_fc1,vl_fc2 --rows 5476
+SHAPES.update({"vl_qkv": (1280, 3840), "vl_proj": (1280, 1280), "vl_fc1": (1280, 5120), "vl_fc2": (5120, 1280)})
 ROWS = (1, 8, 32, 64, 256)
 THREADS = 2
 
@@ -96,9 +101,9 @@ def mkl_child(shapes, repeats, lib_dir: str) -> list[dict]:
         w16 = (rng.standard_normal((N, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         w8 = rng.integers(-127, 128, (N, K), dtype=np.int8)
         # B = W^T [K, N]: W [N, K] row-major read transposed
-        size = mkl.cblas_gemm_bf16bf16f32_pack_get_size(i(b_matrix), i(ROWS[-1]), i(N), i(K))
+        size = mkl.cblas_gemm_bf16bf16f32_pack_get_size(i(b_matrix), i(max(ROWS)), i(N), i(K))
         w16_packed = np.empty(size, np.uint8)
-        mkl.cblas_gemm_bf16bf16f32_pack(i(row_major), i(b_matrix), i(trans), i(ROWS[-1]), i(N), i(K),
+        mkl.cblas_gemm_bf16bf16f32_pack(i(row_major), i(b_matrix), i(trans), i(max(ROWS)), i(N), i(K),
                                         w16.ctypes.data_as(p), i(K), w16_packed.ctypes.data_as(p))
         for m in ROWS:
             x16 = (rng.standard_normal((m, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -139,13 +144,16 @@ def mkl_lib_dir(given: str) -> str:
 
 
 def main():
+    global ROWS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=ERNIE_SHAPES, help=f"names from {','.join(SHAPES)}")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="values of M")
     parser.add_argument("--mkl-lib", default="", help="folder with libmkl_rt.so.3 (default: the mkl wheel's)")
     parser.add_argument("--mkl-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     shapes = args.shapes.split(",")
+    ROWS = tuple(int(m) for m in args.rows.split(","))
     if args.mkl_child:
         print(json.dumps(mkl_child(shapes, args.repeats, args.mkl_lib)))
         return
@@ -154,7 +162,8 @@ def main():
     if lib:
         env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), GOMP_SPINCOUNT="0")
         out = subprocess.run([sys.executable, __file__, "--mkl-child", "--mkl-lib", lib, "--repeats",
-                              str(args.repeats), "--shapes", args.shapes], env=env, capture_output=True, text=True)
+                              str(args.repeats), "--shapes", args.shapes, "--rows", args.rows],
+                             env=env, capture_output=True, text=True)
         if out.returncode != 0:
             sys.exit(f"the MKL child failed:\n{out.stderr}")
         rows += json.loads(out.stdout.strip().splitlines()[-1])

@@ -14,9 +14,12 @@
 //   * AMX-BF16 (compiled when -march=native has it, on Linux; used from 7 rows when the kernel grants the
 //     process the tile state): the bf16 panel is, as it is, the B operand of `tdpbf16ps` (16 pairs x 16
 //     columns per tile: a panel row of 256 bytes holds four tiles' rows); x, rounded into a 64-byte aligned
-//     buffer zero padded to 16 rows and to K a multiple of 32, gives A tiles of 16 rows x 32 values. Above
-//     64 rows blocks of 32 rows x 32 columns (2 A, 2 B, 4 accumulator tiles), then blocks of 16 rows x 64
-//     columns for the rest (up to 64 rows, only those), over all of K; accumulators go through a per-thread buffer to y (wint8 scales, padded columns cut).
+//     buffer zero padded to 16 rows and to K a multiple of 32, gives A tiles of 16 rows x 32 values. Up to
+//     64 rows (batched decode) blocks of 16 rows x 64 columns over all of K. Above (prefill), bound by L2
+//     traffic: x in blocks of up to 256 rows that stay in L2 while a thread runs panels over them, and in
+//     each block K in chunks of 256 values, whose panel chunk stays in L1 while blocks of 32 rows x 32
+//     columns (2 A, 2 B, 4 accumulator tiles) use it, the accumulators spilled to a float32 buffer
+//     between chunks. Accumulators go through a per-thread buffer to y (wint8 scales, padded columns cut).
 //     int8/int4 panels, and bf16 ones when K is not a multiple of 32, are converted to a zero padded bf16
 //     panel first.
 //   * portable (no AVX512-BF16, or `portable` set, which the tests use): the same values in plain loops
@@ -294,11 +297,17 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
 // `_tile_dpbf16ps` adds the products of each pair into float32.
 constexpr int64_t kAmxRows = 16, kAmxStepK = 32;  // rows of a tile; values of K per step (16 pairs)
 constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W streamed once)
-// Up to this many rows (batched decode) every 16-row block runs Amx16Rows, which reads each 256-byte panel
-// row whole, so the first block streams the panel from memory in address order (the others find it in
-// L2); Amx32Rows reads half of each row per pass, which streamed slower (benchmarks/README.md, "Quiet
-// machine, side by side, Intel Xeon with AMX"). Above, prefill: Amx32Rows' reuse of each W tile by two x tiles wins.
-constexpr int64_t kAmx32RowsFrom = 64;
+// Up to this many rows (batched decode) every 16-row block runs Amx16Rows over all of K, which reads each
+// 256-byte panel row whole, so the first block streams the panel from memory in address order (the others
+// find it in L2); reading half of each row per pass streamed slower (benchmarks/README.md, "Quiet machine,
+// side by side, Intel Xeon with AMX"). Above, prefill: AmxManyRows, bound by the traffic from L2 to L1
+// rather than by `tdpbf16ps`, so blocked for L1 (K in chunks) and for L2 (x in blocks of rows).
+constexpr int64_t kAmxManyRowsFrom = 64;
+constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 values, 32 KB of a bf16 panel
+// Rows of x per work item above kAmxManyRowsFrom: a multiple of 32 with the block's bf16 x at most ~1.3 MB,
+// and at most 256 rows, so that it stays in L2 (2 MB on the Xeons we measured) beside one panel while the
+// thread runs every panel over it (from L3 otherwise, once per panel: benchmarks/README.md, "AMX prefill").
+int64_t AmxBlockRows(int64_t ldx) { return 32 * std::clamp<int64_t>(20480 / ldx, 1, 8); }
 
 // Linux gives a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA), once per process; false (no AMX from the kernel) means the AVX512-BF16 path.
@@ -322,27 +331,8 @@ void ConfigureTiles() {  // per thread, before its first tile instruction
   _tile_loadconfig(&config);
 }
 
-// acc[32 rows, 64 columns] = x[32 rows] . panel over all `steps` (x: bf16 rows at a stride of ldx values;
-// panel: bf16 [pairs, 128]; acc: float32 rows of 64). Two passes of 32 columns, each 2 x 2 tiles.
-void Amx32Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
-  for (int64_t half = 0; half < 2; ++half) {
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t s = 0; s < steps; ++s) {
-      const uint16_t* w = panel + s * 16 * 128 + 64 * half;  // pairs 16 s.., columns 32 half..
-      _tile_loadd(4, x + s * kAmxStepK, ldx * 2);
-      _tile_loadd(5, x + 16 * ldx + s * kAmxStepK, ldx * 2);
-      _tile_loadd(6, w, 256);
-      _tile_loadd(7, w + 32, 256);
-      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-    }
-    float* c = acc + 32 * half;
-    _tile_stored(0, c, 256); _tile_stored(1, c + 16, 256);
-    _tile_stored(2, c + 16 * kPanel, 256); _tile_stored(3, c + 16 * kPanel + 16, 256);
-  }
-}
-
-// The same for 16 rows: one x tile, the four 16-column groups in turn.
+// acc[16 rows, 64 columns] = x[16 rows] . panel over all `steps` (as Amx32x32): one x tile, the four 16-column
+// groups in turn.
 void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
@@ -359,6 +349,51 @@ void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t st
   _tile_stored(2, acc + 32, 256); _tile_stored(3, acc + 48, 256);
 }
 
+// acc[32 rows, 32 columns] (+)= x[32 rows] . the 32 panel columns at w, over steps s0..s1 (x: bf16 rows at
+// a stride of ldx values; w: bf16 [pairs, 128] from its first column; acc: float32 rows of 64). FIRST: the
+// accumulator tiles start from zero, else from acc. 2 x 2 tiles: each tile load feeds two `tdpbf16ps`.
+template <bool FIRST>
+void Amx32x32(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t s0, int64_t s1, float* acc) {
+  if (FIRST) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, 256); _tile_loadd(1, acc + 16, 256);
+    _tile_loadd(2, acc + 16 * kPanel, 256); _tile_loadd(3, acc + 16 * kPanel + 16, 256);
+  }
+  for (int64_t s = s0; s < s1; ++s) {
+    const uint16_t* ws = w + s * 16 * 128;  // pairs 16 s..16 s + 15
+    _tile_loadd(4, x + s * kAmxStepK, ldx * 2);
+    _tile_loadd(6, ws, 256);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(5, x + 16 * ldx + s * kAmxStepK, ldx * 2);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(7, ws + 32, 256);
+    _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, acc, 256); _tile_stored(1, acc + 16, 256);
+  _tile_stored(2, acc + 16 * kPanel, 256); _tile_stored(3, acc + 16 * kPanel + 16, 256);
+}
+
+// acc[rows, 64] = x[rows] . panel over all `steps`, rows a multiple of 16 (prefill: many rows). K in
+// chunks of kAmxChunkSteps steps: the panel's chunk (32 KB) stays in L1 while every 32-row block uses it,
+// and a block's x chunk (16 KB) while both 32-column halves use it; the accumulators stay in tiles through
+// a chunk and go through acc between chunks. A last block of 16 rows runs Amx16Rows.
+void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* panel, int64_t steps, float* acc) {
+  const int64_t rows32 = rows / 32 * 32;
+  for (int64_t s0 = 0; s0 < steps; s0 += kAmxChunkSteps) {
+    const int64_t s1 = std::min(steps, s0 + kAmxChunkSteps);
+    for (int64_t r = 0; r < rows32; r += 32)
+      for (int64_t half = 0; half < 2; ++half) {
+        float* c = acc + r * kPanel + 32 * half;
+        if (s0 == 0)
+          Amx32x32<true>(x + r * ldx, ldx, panel + 64 * half, s0, s1, c);
+        else
+          Amx32x32<false>(x + r * ldx, ldx, panel + 64 * half, s0, s1, c);
+      }
+  }
+  if (rows32 < rows) Amx16Rows(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
+}
+
 // y[M, panel's columns] = acc[M, 64] (times wint8's column scales), the padded columns left out.
 void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t cols, float* y, int64_t ldy) {
   for (int j = 0; j < 4; ++j) {
@@ -370,32 +405,38 @@ void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t col
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
-// to 32, zero padded. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written
-// as a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K).
+// to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of AmxBlockRows rows, panel),
+// taken block by block (both threads on one block of x, each core keeping it in its L2); up to it, one
+// block of all rows. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
+// a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K), once per
+// work item.
 template <int64_t KIND>
 void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
                int64_t N, std::atomic<int64_t>& next, float* y) {
   const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
+  const bool many = rows > kAmxManyRowsFrom;
+  const int64_t block = many ? AmxBlockRows(ldx) : rows, items = (rows + block - 1) / block * l.panels;
   const bool copy = KIND != kBf16 || 2 * K2 != ldx;
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
-  std::vector<float> acc_buffer(rows * kPanel + 16);
+  std::vector<float> acc_buffer(block * kPanel + 16);
   uint16_t* bf16_panel = Align64(bf16_buffer.data());  // [ldx / 2 pairs, 128]
-  float* acc = Align64(acc_buffer.data());             // [rows, 64]
+  float* acc = Align64(acc_buffer.data());             // [block, 64]
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   ConfigureTiles();
-  for (int64_t p = next++; p < l.panels; p = next++) {
+  for (int64_t item = next++; item < items; item = next++) {
+    const int64_t p = item % l.panels, r0 = item / l.panels * block, block_rows = std::min(block, rows - r0);
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
     const uint16_t* panel = reinterpret_cast<const uint16_t*>(w + p * l.panel_bytes);
     if (copy) {
       ToBf16Panel<KIND>(w + p * l.panel_bytes, panel_scales, K2, bf16_panel);
       panel = bf16_panel;
     }
-    int64_t r = 0;
-    if (rows > kAmx32RowsFrom)
-      for (; r + 2 * kAmxRows <= rows; r += 2 * kAmxRows) Amx32Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
-    for (; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
-    StoreRows(acc, M, KIND == kWint8 ? panel_scales : nullptr, std::min(kPanel, N - p * kPanel),
-              y + p * kPanel, N);
+    if (many)
+      AmxManyRows(xb + r0 * ldx, ldx, block_rows, panel, steps, acc);
+    else
+      for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
+    StoreRows(acc, std::min(block_rows, M - r0), KIND == kWint8 ? panel_scales : nullptr,
+              std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
   }
   _tile_release();
 }

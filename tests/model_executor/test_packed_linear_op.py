@@ -61,18 +61,27 @@ def compiled(name):
 
 
 # (M, N, K). Up to 6 rows: the AVX512-BF16 register tiles. From 7 rows on a CPU with AMX: AMX tiles, in
-# blocks of 32 rows then 16 (x zero padded: M = 7, 16, 17, 33, 100 hit each tail); N not a multiple of 64
-# leaves padded panel columns out of y.
+# blocks of 16 rows up to 64 rows, the blocking below above (x zero padded: M = 7, 16, 17, 33, 100 hit each
+# tail); N not a multiple of 64 leaves padded panel columns out of y.
 SHAPES = [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (16, 64, 96), (17, 130, 160), (33, 70, 256),
           (40, 70, 128), (100, 200, 192)]
 # K not a multiple of 32 (bf16 and wint8 only; wint4 groups are 32 wide): AMX steps are 32 values of K, so
 # the last step is zero padded
 K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (16, 64, 130), (17, 130, 208), (33, 64, 176), (100, 70, 2098)]
+# Above 64 rows with AMX: x in blocks of 32 * clamp(20480 // K, 1, 8) rows (K rounded up to 32), each block's
+# K in chunks of 256 values (8 steps of 32), 32-row blocks then one of 16. M = 65: one block, a 16-row tail;
+# 257 at K = 4000: blocks of 160 rows, the last with a 16-row tail, K's last chunk 5 steps; 1000 at K = 1312:
+# blocks of 256, the last partial, K's last chunk one step; K = 4002 (not a multiple of 32): a zero padded
+# last step.
+MANY_ROW_SHAPES = [(65, 70, 256), (257, 130, 4000), (1000, 200, 1312)]
+MANY_ROW_K_TAIL_SHAPES = [(300, 70, 4002)]
 
 
 @pytest.mark.parametrize("portable", [False, True])
-@pytest.mark.parametrize("name,m,n,k", [(name, *shape) for name in sorted(KINDS) for shape in SHAPES] +
-                         [(name, *shape) for name in ("bf16", "wint8") for shape in K_TAIL_SHAPES])
+@pytest.mark.parametrize("name,m,n,k",
+                         [(name, *shape) for name in sorted(KINDS) for shape in SHAPES + MANY_ROW_SHAPES] +
+                         [(name, *shape) for name in ("bf16", "wint8")
+                          for shape in K_TAIL_SHAPES + MANY_ROW_K_TAIL_SHAPES])
 def test_linear_matches_float64(name, portable, m, n, k):
     kind = KINDS[name]
     rng = np.random.default_rng(m * 1000 + n)
