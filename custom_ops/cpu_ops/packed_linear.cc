@@ -39,6 +39,7 @@
 #include <tuple>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "cpu_ops.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -251,27 +252,8 @@ constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W stre
 // machine, side by side, Intel Xeon with AMX"). Above, prefill: Amx32Rows' reuse of each W tile by two x tiles wins.
 constexpr int64_t kAmx32RowsFrom = 64;
 
-// Linux gives a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA), once per process; false (no AMX from the kernel) means the AVX512-BF16 path.
-bool AmxPermitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return permitted;
-}
-
-struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void ConfigureTiles() {  // per thread, before its first tile instruction
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = kAmxRows;
-  }
-  _tile_loadconfig(&config);
-}
+using fd_amx::AmxPermitted;  // amx_tiles.h
+using fd_amx::ConfigureTiles;
 
 // acc[32 rows, 64 columns] = x[32 rows] . panel over all `steps` (x: bf16 rows at a stride of ldx values;
 // panel: bf16 [pairs, 128]; acc: float32 rows of 64). Two passes of 32 columns, each 2 x 2 tiles.
