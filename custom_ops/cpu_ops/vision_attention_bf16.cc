@@ -128,7 +128,8 @@ void PortableValues(const uint16_t* p, const uint16_t* vb, int64_t keys, int64_t
   for (int64_t r = 0; r < kRows; ++r)
     for (int64_t d = 0; d < dim; ++d) {
       float sum = o[r * dim + d];
-      for (int64_t k = 0; k < keys; ++k) sum += Bf16ToFloat(p[r * kBlock + k]) * Bf16ToFloat(vb[((k / 2) * dim + d) * 2 + k % 2]);
+      for (int64_t k = 0; k < keys; ++k)
+        sum += Bf16ToFloat(p[r * kBlock + k]) * Bf16ToFloat(vb[((k / 2) * dim + d) * 2 + k % 2]);
       o[r * dim + d] = sum;
     }
 }
@@ -296,7 +297,8 @@ void AttendItem(const float* qkv, int64_t width, int64_t dim, int64_t dk, float 
                 const Item& item, const uint16_t* kb, const uint16_t* vb, int kernel, float* out, int64_t out_width,
                 Scratch& w) {
   std::fill(w.qb, w.qb + kRows * dk, 0);
-  for (int64_t r = 0; r < item.count; ++r) RoundRow(qkv + (item.first + r) * width + item.head * dim, dim, w.qb + r * dk);
+  for (int64_t r = 0; r < item.count; ++r)
+    RoundRow(qkv + (item.first + r) * width + item.head * dim, dim, w.qb + r * dk);
   std::fill(w.o.begin(), w.o.end(), 0.f);
   std::fill(w.m.begin(), w.m.end(), kNoMax);
   std::fill(w.l.begin(), w.l.end(), 0.f);

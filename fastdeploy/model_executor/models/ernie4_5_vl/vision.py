@@ -10,10 +10,12 @@ RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (
 (k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
 being the patch's row and column in its frame. Attention runs in ops/vision_attention.py: in float32
 (`vision_attention`) when the qkv linear is dense float32, with bf16 products (`vision_attention_bf16`,
-as transformers' bf16 sdpa) when it is packed (the engine computes in bf16). The linear layers (patch embed, qkv, proj, fc1, fc2) take the engine's linear method
-(`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" | "wint4"` they are packed as the
-text decoder's are (layers/quantization/packed.py; a layer whose in_features the kind cannot take,
-e.g. the patch embed's 588 under wint4, stays float32); activations stay float32 between ops.
+as transformers' bf16 sdpa) when it is packed (the engine computes in bf16) and head_dim is a
+multiple of 16 (80 in the real checkpoints). The linear layers (patch embed, qkv, proj, fc1, fc2)
+take the engine's linear method (`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" |
+"wint4"` they are packed as the text decoder's are (layers/quantization/packed.py; a layer whose
+in_features the kind cannot take, e.g. the patch embed's 588 under wint4, stays float32); activations
+stay float32 between ops.
 Parameter names are the checkpoint's under `model.vision_model.`.
 """
 from typing import Optional
@@ -96,6 +98,7 @@ class VisionAttention(paddle.nn.Layer):
         self.proj = encoder_linear(hidden, hidden, quant_config, f"{prefix}.proj")
         # packed bf16 / wint8 / wint4 linears: the tower computes in bf16, attention too
         packed = isinstance(self.qkv.method, PackedLinearMethod) and self.qkv.method.packed
+        packed = packed and self.head_dim % 16 == 0  # vision_attention_bf16's tiles
         self.attention = vision_attention_bf16 if packed else vision_attention
 
     def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
