@@ -43,6 +43,7 @@
 #include <tuple>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "cpu_ops.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -309,27 +310,8 @@ constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 
 // thread runs every panel over it (from L3 otherwise, once per panel: benchmarks/README.md, "AMX prefill").
 int64_t AmxBlockRows(int64_t ldx) { return 32 * std::clamp<int64_t>(20480 / ldx, 1, 8); }
 
-// Linux gives a process the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA), once per process; false (no AMX from the kernel) means the AVX512-BF16 path.
-bool AmxPermitted() {
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return permitted;
-}
-
-struct alignas(64) TileConfig {  // the 64-byte operand of ldtilecfg (palette 1)
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void ConfigureTiles() {  // per thread, before its first tile instruction
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = kAmxRows;
-  }
-  _tile_loadconfig(&config);
-}
+using fd_amx::AmxPermitted;  // amx_tiles.h
+using fd_amx::ConfigureTiles;
 
 // acc[16 rows, 64 columns] = x[16 rows] . panel over all `steps` (as Amx32x32): one x tile, the four 16-column
 // groups in turn.

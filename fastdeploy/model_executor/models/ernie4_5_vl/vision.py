@@ -8,12 +8,14 @@ qkv = Linear(LayerNorm1(x)), then x += fc2(quick_gelu(fc1(LayerNorm2(x)))); quic
 x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the same frame.
 RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (j < d / 4), pair
 (k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
-being the patch's row and column in its frame. Attention runs in ops/vision_attention.py (the
-compiled `vision_attention` op, or its Paddle reference), in float32 whatever the weights' format.
-The linear layers (patch embed, qkv, proj, fc1, fc2) take the engine's linear method
-(`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" | "wint4"` they are packed as the
-text decoder's are (layers/quantization/packed.py; a layer whose in_features the kind cannot take,
-e.g. the patch embed's 588 under wint4, stays float32); activations stay float32 between ops.
+being the patch's row and column in its frame. Attention runs in ops/vision_attention.py: in float32
+(`vision_attention`) when the qkv linear is dense float32, with bf16 products (`vision_attention_bf16`,
+as transformers' bf16 sdpa) when it is packed (the engine computes in bf16) and head_dim is a
+multiple of 16 (80 in the real checkpoints). The linear layers (patch embed, qkv, proj, fc1, fc2)
+take the engine's linear method (`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" |
+"wint4"` they are packed as the text decoder's are (layers/quantization/packed.py; a layer whose
+in_features the kind cannot take, e.g. the patch embed's 588 under wint4, stays float32); activations
+stay float32 between ops.
 Parameter names are the checkpoint's under `model.vision_model.`.
 """
 from typing import Optional
@@ -25,11 +27,12 @@ import paddle.nn.functional as F
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method
 from fastdeploy.model_executor.layers.parameters import empty_parameter
+from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
 from fastdeploy.model_executor.ops.activation import quick_gelu
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
-from fastdeploy.model_executor.ops.vision_attention import vision_attention
+from fastdeploy.model_executor.ops.vision_attention import vision_attention, vision_attention_bf16
 from fastdeploy.platforms.cpu import is_amd_cpu
 
 ROW_BLOCK = 512
@@ -93,12 +96,16 @@ class VisionAttention(paddle.nn.Layer):
         self.num_heads, self.head_dim = num_heads, hidden // num_heads
         self.qkv = encoder_linear(hidden, 3 * hidden, quant_config, f"{prefix}.qkv")
         self.proj = encoder_linear(hidden, hidden, quant_config, f"{prefix}.proj")
+        # packed bf16 / wint8 / wint4 linears: the tower computes in bf16, attention too
+        packed = isinstance(self.qkv.method, PackedLinearMethod) and self.qkv.method.packed
+        packed = packed and self.head_dim % 16 == 0  # vision_attention_bf16's tiles
+        self.attention = vision_attention_bf16 if packed else vision_attention
 
     def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
         # x: [N, hidden]; rope: (rows, cos, sin_signed); cu_seqlens: [frames + 1] patch rows of the frames
         qkv = self.qkv(x)  # [N, 3 hidden] = q heads | k heads | v heads
         rotary_embedding_(qkv, *rope, self.num_heads, self.num_heads, self.head_dim)
-        return self.proj(vision_attention(qkv, cu_seqlens, self.num_heads, self.head_dim**-0.5))
+        return self.proj(self.attention(qkv, cu_seqlens, self.num_heads, self.head_dim**-0.5))
 
 
 class VisionMLP(paddle.nn.Layer):
