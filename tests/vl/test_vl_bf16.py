@@ -109,10 +109,21 @@ def vision_attentions(llm) -> list:
     return [layer for layer in model_runner(llm).model.sublayers() if isinstance(layer, VisionAttention)]
 
 
-def test_attention_is_bf16_when_the_linears_are_packed(bf16_llm, vl_dir):
+def test_attention_is_bf16_when_the_linears_are_packed_and_the_cpu_has_amx(bf16_llm, vl_dir, monkeypatch):
+    from fastdeploy.model_executor.layers.quantization.weight_format import cpu_has_amx_bf16
+    from fastdeploy.model_executor.models.ernie4_5_vl import vision
     from fastdeploy.model_executor.ops.vision_attention import vision_attention, vision_attention_bf16
 
-    assert [layer.attention for layer in vision_attentions(bf16_llm)] == [vision_attention_bf16] * 2
+    expected = vision_attention_bf16 if cpu_has_amx_bf16() else vision_attention
+    assert [layer.attention for layer in vision_attentions(bf16_llm)] == [expected] * 2
+    monkeypatch.setattr(vision, "cpu_has_amx_bf16", lambda: False)  # AMD Zen 4: the float32 op is faster
+    llm = LLM(model=str(vl_dir), dtype="bfloat16", **KWARGS)
+    assert [layer.attention for layer in vision_attentions(llm)] == [vision_attention] * 2
+    llm.shutdown()
+    monkeypatch.setattr(vision, "cpu_has_amx_bf16", lambda: True)
+    llm = LLM(model=str(vl_dir), dtype="bfloat16", **KWARGS)
+    assert [layer.attention for layer in vision_attentions(llm)] == [vision_attention_bf16] * 2
+    llm.shutdown()
     llm = LLM(model=str(vl_dir), dtype="float32", **KWARGS)
     assert [layer.attention for layer in vision_attentions(llm)] == [vision_attention] * 2
     llm.shutdown()

@@ -32,16 +32,26 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "wint8": 1.0 + 4 / 1024, "wint4": 0.5 + 8 / 32}
 
 
-def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16)."""
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    """The first processor's ISA flags in `cpuinfo` (empty when unreadable)."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
-                    return any(flag in line.split() for flag in BF16_CPU_FLAGS)
+                    return set(line.split(":", 1)[-1].split())
     except OSError:
         pass
-    return False
+    return set()
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    return bool(_cpu_flags(cpuinfo) & set(BF16_CPU_FLAGS))
+
+
+def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has AMX-BF16 tiles (Intel Xeon from Sapphire Rapids; not AMD Zen 4)."""
+    return "amx_bf16" in _cpu_flags(cpuinfo)
 
 
 def checkpoint_dtype(hf_config: dict) -> str:

@@ -10,8 +10,10 @@ RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (
 (k, k + d / 2) turns by h * inv_freq[k] for k < d / 4 and by w * inv_freq[k - d / 4] after, (h, w)
 being the patch's row and column in its frame. Attention runs in ops/vision_attention.py: in float32
 (`vision_attention`) when the qkv linear is dense float32, with bf16 products (`vision_attention_bf16`,
-as transformers' bf16 sdpa) when it is packed (the engine computes in bf16) and head_dim is a
-multiple of 16 (80 in the real checkpoints). The linear layers (patch embed, qkv, proj, fc1, fc2)
+as transformers' bf16 sdpa) when it is packed (the engine computes in bf16), the CPU has AMX-BF16
+tiles and head_dim is a multiple of 16 (80 in the real checkpoints). Without AMX (AMD Zen 4) the bf16
+op's register-tile kernel is slower than the float32 op (benchmarks/README.md), so attention stays
+float32 there. The linear layers (patch embed, qkv, proj, fc1, fc2)
 take the engine's linear method (`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" |
 "wint4"` they are packed as the text decoder's are (layers/quantization/packed.py; a layer whose
 in_features the kind cannot take, e.g. the patch embed's 588 under wint4, stays float32); activations
@@ -28,6 +30,7 @@ from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
+from fastdeploy.model_executor.layers.quantization.weight_format import cpu_has_amx_bf16
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
 from fastdeploy.model_executor.ops.activation import quick_gelu
@@ -96,10 +99,10 @@ class VisionAttention(paddle.nn.Layer):
         self.num_heads, self.head_dim = num_heads, hidden // num_heads
         self.qkv = encoder_linear(hidden, 3 * hidden, quant_config, f"{prefix}.qkv")
         self.proj = encoder_linear(hidden, hidden, quant_config, f"{prefix}.proj")
-        # packed bf16 / wint8 / wint4 linears: the tower computes in bf16, attention too
+        # packed bf16 / wint8 / wint4 linears: the tower computes in bf16, attention too where AMX runs it
         packed = isinstance(self.qkv.method, PackedLinearMethod) and self.qkv.method.packed
-        packed = packed and self.head_dim % 16 == 0  # vision_attention_bf16's tiles
-        self.attention = vision_attention_bf16 if packed else vision_attention
+        bf16 = packed and self.head_dim % 16 == 0 and cpu_has_amx_bf16()  # vision_attention_bf16's tiles
+        self.attention = vision_attention_bf16 if bf16 else vision_attention
 
     def forward(self, x: paddle.Tensor, rope: tuple, cu_seqlens: paddle.Tensor) -> paddle.Tensor:
         # x: [N, hidden]; rope: (rows, cos, sin_signed); cu_seqlens: [frames + 1] patch rows of the frames
