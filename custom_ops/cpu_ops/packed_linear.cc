@@ -217,7 +217,10 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
 // c's products with x[2 k2 + t], the two added at the end. Three vector operations per 16 weights
 // instead of the int8 -> float32 -> bf16 conversion before `vdpbf16ps` (~3.5 for 16): the decode GEMV
 // is bound by this arithmetic, not by memory, on int8 (benchmarks/README.md, "wint8 decode GEMV").
-// Two pairs per step (16 accumulators, independent chains).
+// Two pairs per step (16 accumulators, independent chains); W prefetched kWint8RowPrefetch bytes ahead
+// (farther than the bf16 tiles' kPrefetchBytes: measured best, 16 KB against 2 KB 20 -> 23 GB/s).
+constexpr int64_t kWint8RowPrefetch = 16384;
+
 void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col_scales, int64_t cols, float* y) {
   __m512 acc[16];
   for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
@@ -225,7 +228,7 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col
   for (; k2 + 2 <= K2; k2 += 2) {
     const int8_t* q = panel + k2 * 128;
     for (int64_t line = 0; line < 256; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetchBytes + line), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + kWint8RowPrefetch + line), _MM_HINT_T0);
     const __m512 x0 = _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(xf + 2 * k2)));
     const __m512 x1 = _mm512_castpd_ps(_mm512_set1_pd(*reinterpret_cast<const double*>(xf + 2 * k2 + 2)));
     for (int r = 0; r < 8; ++r) {
