@@ -123,9 +123,10 @@ def child(engine: str, depth: int, dtype: str, grids: dict, repeats: int, out_di
     if engine == "ours":
         sys.path.insert(0, ROOT)
         import fastdeploy  # noqa: F401  (first: thread count and MKL's CPU type before paddle loads)
-        from fastdeploy.platforms.cpu import set_paddle_threads
+        from fastdeploy.platforms.cpu import reuse_freed_memory, set_paddle_threads
 
         threads = set_paddle_threads()
+        reuse_freed_memory()  # as LLMEngine.from_engine_args does for the engine's process
         encode = ours_encoder(depth, dtype)
     else:
         import torch

@@ -29,7 +29,7 @@ from fastdeploy.executor import Executor, InProcessExecutor, MultiprocExecutor
 from fastdeploy.input.input_processor import PreparedPrompt
 from fastdeploy.input.processors import make_input_processor
 from fastdeploy.output.output_processor import OutputProcessor
-from fastdeploy.platforms.cpu import set_paddle_threads
+from fastdeploy.platforms.cpu import reuse_freed_memory, set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
 
 logger = logging.getLogger("fastdeploy")
@@ -60,6 +60,7 @@ class LLMEngine:
         from fastdeploy.model_executor.model_loader import open_model
 
         threads = set_paddle_threads()
+        reuse_freed_memory()
         start = time.perf_counter()
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)

@@ -4,8 +4,9 @@ Two facts (measured, see DESIGN.md): Paddle's bundled MKL runs its slow generic 
 unless `MKL_DEBUG_CPU_TYPE=5` is set *before* `import paddle` (fp32 GEMM ~75 -> ~200 GFLOP/s on
 Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THREADS` is unset.
 `prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
-`set_paddle_threads()` runs when an engine starts.
+`set_paddle_threads()` and `reuse_freed_memory()` run when an engine starts.
 """
+import ctypes
 import functools
 import logging
 import os
@@ -77,3 +78,31 @@ def set_paddle_threads() -> int:
     threads = engine_threads()
     paddle.base.core.set_num_threads(threads)
     return threads
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_GLIBC_MALLOC_VARIABLES = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX")
+
+
+def reuse_freed_memory() -> bool:
+    """Make glibc malloc serve every allocation from its heaps and keep what is freed for reuse
+    (`mallopt(M_MMAP_MAX, 0)`, `mallopt(M_TRIM_THRESHOLD, 1 GiB)`); True when set.
+
+    By default glibc maps each allocation above 32 MB (its largest mmap threshold) freshly and unmaps it
+    on free, so every such tensor costs page faults and the kernel zeroing its pages: a prefill's
+    [tokens, 2 * intermediate] float32 activations, and ERNIE-4.5-VL's vision tower at 1024x1024
+    ([5476, 5120] float32, 112 MB). Paddle's CPU allocator passes these to malloc. Kept in the heap they
+    are reused: the VL encode at 1024x1024 took 3.25 -> 2.35 s (benchmarks/README.md, 2026-11-26), as
+    tcmalloc or jemalloc would do, which vLLM-CPU asks its users to preload. The process keeps its peak
+    heap instead of returning each large block at once. Nothing is changed where the user set one of
+    glibc's MALLOC_* variables, preloaded another allocator (LD_PRELOAD), or the C library has no mallopt.
+    """
+    if any(name in os.environ for name in _GLIBC_MALLOC_VARIABLES) or os.environ.get("LD_PRELOAD"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))

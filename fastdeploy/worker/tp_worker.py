@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
+from fastdeploy.platforms.cpu import reuse_freed_memory
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.worker.model_runner import ModelRunner
 
@@ -175,6 +176,7 @@ def main(argv: list[str]) -> int:
     try:
         fd_config, threads = conn.recv() if conn else (None, int(os.environ.get("OMP_NUM_THREADS", "1")))
         paddle.base.core.set_num_threads(threads)
+        reuse_freed_memory()
         group = init_process_group()
         relay = None
         if local_size < world:
