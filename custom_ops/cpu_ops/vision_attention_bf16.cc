@@ -388,7 +388,7 @@ std::vector<paddle::Tensor> VisionAttentionBf16(const paddle::Tensor& qkv, const
   // (segment f, head h) buffers at key offset segs[f].offset * heads + h * segs[f].padded, zero padded
   std::vector<uint16_t> kb(keys * heads * dk, 0), vb(keys * heads * dim, 0);
   auto base = [&](int64_t f, int64_t h) { return segs[f].offset * heads + h * segs[f].padded; };
-#pragma omp parallel for schedule(dynamic) if (parallel)
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < segments * heads; ++i) {
     const int64_t f = i / heads, h = i % heads;
     PackKeysValues(x, width, heads, dim, dk, segs[f], h, kb.data() + base(f, h) * dk, vb.data() + base(f, h) * dim);
