@@ -113,6 +113,19 @@ def assert_matches(got: paddle.Tensor, cache: KVCache, expected):
     assert np.array_equal(cache_values(cache.value).reshape(value.shape), value.astype(np.float32))
 
 
+def assert_both_backends_match(cache, meta, qkv, heads, kv_heads, head_dim, block_size):
+    """The compiled backend and the Paddle one, each on its own copy of the cache, against the reference
+    (the model's route: metadata once per step, then forward per layer)."""
+    expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
+    for forced in (False, True):
+        with fallbacks_forced(forced):
+            backend = select_attention_backend(heads, kv_heads, head_dim, block_size)
+            assert isinstance(backend, PaddleAttentionBackend if forced else AppendAttentionBackend)
+            run_cache = copy_cache(cache)
+            got = backend.forward(paddle.to_tensor(qkv), run_cache, backend.init_attention_metadata(meta))
+            assert_matches(got, run_cache, expected)
+
+
 def test_round_bf16_oracle_on_known_values():
     """The oracle itself: ties go to the even neighbour, other values to the nearer one."""
     one_ulp = 2.0**-7  # of bf16 at 1.0
@@ -129,14 +142,7 @@ def test_op_and_paddle_path_match_reference(heads, kv_heads, head_dim, dtype):
     assert compiled_op("append_attention") is not None, "the compiled custom ops failed to build (see the log)"
     rng = np.random.default_rng(heads * head_dim)
     cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, STEP, dtype)
-    expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
-    for forced in (False, True):  # the model's route: metadata once per step, then forward per layer
-        with fallbacks_forced(forced):
-            backend = select_attention_backend(heads, kv_heads, head_dim, BLOCK_SIZE)
-            assert isinstance(backend, PaddleAttentionBackend if forced else AppendAttentionBackend)
-            run_cache = copy_cache(cache)
-            got = backend.forward(paddle.to_tensor(qkv), run_cache, backend.init_attention_metadata(meta))
-            assert_matches(got, run_cache, expected)
+    assert_both_backends_match(cache, meta, qkv, heads, kv_heads, head_dim, BLOCK_SIZE)
 
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -160,14 +166,7 @@ def test_block_sizes_not_a_multiple_of_16(block_size, dtype):
     rng = np.random.default_rng(block_size)
     steps = [(h, 1) for h in (0, 3, 18, 19, 20, 21, 57)] + [(0, 9), (13, 30)]
     cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, steps, dtype, block_size)
-    expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
-    for forced in (False, True):
-        with fallbacks_forced(forced):
-            backend = select_attention_backend(heads, kv_heads, head_dim, block_size)
-            assert isinstance(backend, PaddleAttentionBackend if forced else AppendAttentionBackend)
-            run_cache = copy_cache(cache)
-            got = backend.forward(paddle.to_tensor(qkv), run_cache, backend.init_attention_metadata(meta))
-            assert_matches(got, run_cache, expected)
+    assert_both_backends_match(cache, meta, qkv, heads, kv_heads, head_dim, block_size)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
