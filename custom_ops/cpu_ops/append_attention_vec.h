@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16.h"
 #include "vec_exp.h"
 
 namespace fd_attention {
@@ -22,21 +23,8 @@ constexpr int64_t kLanes = 16;       // floats per vector; head_dim must be a mu
 
 using Bf16 = uint16_t;  // a bfloat16's bits: the upper half of the float32 it widens to
 
-inline float ToFloat(Bf16 h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// Nearest bfloat16 of f, ties to even; a NaN stays a (quiet) NaN.
-inline Bf16 RoundToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<Bf16>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<Bf16>(u >> 16);
-}
+using fd_cpu::Bf16ToFloat;  // bf16.h
+using fd_cpu::RoundToBf16;
 
 #ifdef __AVX512F__
 using Vec = __m512;
@@ -84,7 +72,7 @@ inline Vec Load(const float* p) {
 }
 inline Vec Load(const Bf16* p) {
   Vec v;
-  for (int64_t i = 0; i < kLanes; ++i) v.x[i] = ToFloat(p[i]);
+  for (int64_t i = 0; i < kLanes; ++i) v.x[i] = Bf16ToFloat(p[i]);
   return v;
 }
 inline void Store(float* p, Vec v) { std::memcpy(p, v.x, sizeof(v.x)); }

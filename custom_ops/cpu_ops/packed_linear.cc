@@ -30,20 +30,12 @@
 #include <immintrin.h>
 #endif
 
-// AMX-BF16 tiles where the compiler targets them, with AVX512-BF16 (the int8/int4 conversion) and Linux
-// (the tile state is requested from the kernel)
-#if defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define PACKED_LINEAR_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <tuple>
 #include <vector>
 
-#include "amx_tiles.h"
+#include "amx_tiles.h"  // FD_AMX: AMX-BF16 tiles compiled (with AVX512-BF16, on Linux)
 #include "cpu_ops.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -67,16 +59,7 @@ T* Align64(T* p) {
 
 // x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row are left as they are)
 void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, uint16_t* xb) {
-  for (int64_t m = m0; m < m1; ++m) {
-    int64_t k = 0;
-#ifdef __AVX512BF16__
-    for (; k + 16 <= K; k += 16) {
-      const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + m * K + k));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + m * ldx + k), reinterpret_cast<const __m256i&>(h));
-    }
-#endif
-    for (; k < K; ++k) xb[m * ldx + k] = RoundToBf16(x[m * K + k]);
-  }
+  for (int64_t m = m0; m < m1; ++m) fd_cpu::RoundRow(x + m * K, K, xb + m * ldx);
 }
 
 // ---- portable path ---------------------------------------------------------------------------------
@@ -293,7 +276,7 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
   }
 }
 
-#ifdef PACKED_LINEAR_AMX
+#ifdef FD_AMX
 // ---- AMX-BF16 path ----------------------------------------------------------------------------------
 // Eight tiles, each 16 rows x 64 bytes: 0-3 accumulators (16 rows x 16 float32 columns), 4-5 x (16 rows
 // x 32 bf16 values of K: one step), 6-7 W (16 pairs x the 16 columns' bf16 pairs: 64 bytes of 16 panel
@@ -454,7 +437,7 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #else
   const bool fast = false;
 #endif
-#ifdef PACKED_LINEAR_AMX
+#ifdef FD_AMX
   const bool amx = fast && M >= kAmxMinRows && AmxPermitted();
 #else
   const bool amx = false;
@@ -477,7 +460,7 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
     RoundRows(xd, K, ldx, M * id / threads, M * (id + 1) / threads, xb);
 #pragma omp barrier
     if (amx) {
-#ifdef PACKED_LINEAR_AMX
+#ifdef FD_AMX
       switch (kind) {
         case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
         case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace packed {
 
 constexpr int64_t kPanel = 64;      // output columns per panel
@@ -49,20 +51,8 @@ inline Layout LayoutOf(int64_t kind, int64_t N, int64_t K) {
   return l;
 }
 
-inline uint16_t RoundToBf16(float f) {  // round to nearest even, as vcvtneps2bf16 (NaN stays NaN)
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float Bf16ToFloat(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using fd_cpu::Bf16ToFloat;  // bf16.h
+using fd_cpu::RoundToBf16;
 
 // The value the kernels multiply for lane `lane` (2c + t) of pair k2 in panel p, before the wint8 scale.
 inline float PackedValue(const uint8_t* w, const Layout& l, int64_t kind, int64_t p, int64_t k2, int64_t lane) {

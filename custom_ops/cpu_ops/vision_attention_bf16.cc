@@ -28,15 +28,15 @@
 
 #include "amx_tiles.h"
 #include "append_attention_common.h"
-#include "packed_linear.h"
+#include "bf16.h"
 #include "paddle/extension.h"
 
 namespace fd_vision_bf16 {
 namespace {
 
 using fd_attention::Vec;
-using packed::Bf16ToFloat;
-using packed::RoundToBf16;
+using fd_cpu::Bf16ToFloat;  // bf16.h
+using fd_cpu::RoundRow;
 
 constexpr int64_t kRows = 32;      // queries per item
 constexpr int64_t kBlock = 128;    // keys per online-softmax step
@@ -51,18 +51,6 @@ struct Item {
 struct Segment {
   int64_t start, length, padded, offset;  // rows start .. start + length - 1; keys padded; buffer offset in keys
 };
-
-// x [count] float32 -> y [count] bf16, round to nearest even
-inline void RoundRow(const float* x, int64_t count, uint16_t* y) {
-  int64_t i = 0;
-#ifdef __AVX512BF16__
-  for (; i + 16 <= count; i += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
-    std::memcpy(y + i, &h, 32);
-  }
-#endif
-  for (; i < count; ++i) y[i] = RoundToBf16(x[i]);
-}
 
 inline void StoreBf16(uint16_t* y, Vec v) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
