@@ -199,9 +199,10 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
 // product is the exact product the bf16 kernels form; lane 2c + t of the 8 accumulators sums column
 // c's products with x[2 k2 + t], the two added at the end. Three vector operations per 16 weights
 // instead of the int8 -> float32 -> bf16 conversion before `vdpbf16ps` (~3.5 for 16): the decode GEMV
-// is bound by this arithmetic, not by memory, on int8 (benchmarks/README.md, "wint8 decode GEMV").
-// Two pairs per step (16 accumulators, independent chains); W prefetched kWint8RowPrefetch bytes ahead
-// (farther than the bf16 tiles' kPrefetchBytes: measured best, 16 KB against 2 KB 20 -> 23 GB/s).
+// is bound by this arithmetic, not by memory, on int8. Two pairs per step (16 accumulators, independent
+// chains); W prefetched kWint8RowPrefetch bytes ahead, farther than the bf16 tiles' kPrefetchBytes
+// (both distances measured: benchmarks/README.md, "Quiet machine, side by side, Intel Xeon with AMX,
+// after stop 22").
 constexpr int64_t kWint8RowPrefetch = 16384;
 
 void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col_scales, int64_t cols, float* y) {

@@ -93,8 +93,8 @@ def reuse_freed_memory() -> bool:
     on free, so every such tensor costs page faults and the kernel zeroing its pages: a prefill's
     [tokens, 2 * intermediate] float32 activations, and ERNIE-4.5-VL's vision tower at 1024x1024
     ([5476, 5120] float32, 112 MB). Paddle's CPU allocator passes these to malloc. Kept in the heap they
-    are reused: the VL encode at 1024x1024 took 3.25 -> 2.35 s (benchmarks/README.md, 2026-11-26), as
-    tcmalloc or jemalloc would do, which vLLM-CPU asks its users to preload. The process keeps its peak
+    are reused, as tcmalloc or jemalloc would do, which vLLM-CPU asks its users to preload (what it
+    gains and costs: benchmarks/README.md, "after stop 22"). The process keeps its peak
     heap instead of returning each large block at once. Nothing is changed where the user set one of
     glibc's MALLOC_* variables, preloaded another allocator (LD_PRELOAD), or the C library has no mallopt.
     """
