@@ -365,12 +365,16 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
 
 // y[M, panel's columns] = acc[M, 64] (times wint8's column scales), the padded columns left out.
 void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t cols, float* y, int64_t ldy) {
+  __mmask16 masks[4];
+  __m512 scales[4];
   for (int j = 0; j < 4; ++j) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-    const __m512 s = col_scales ? _mm512_maskz_loadu_ps(mask, col_scales + 16 * j) : _mm512_set1_ps(1.f);
-    for (int64_t m = 0; m < M; ++m)
-      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, mask, _mm512_mul_ps(_mm512_loadu_ps(acc + m * kPanel + 16 * j), s));
+    masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+    scales[j] = col_scales ? _mm512_maskz_loadu_ps(masks[j], col_scales + 16 * j) : _mm512_set1_ps(1.f);
   }
+  for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
+    for (int j = 0; j < 4; ++j)
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j],
+                            _mm512_mul_ps(_mm512_loadu_ps(acc + m * kPanel + 16 * j), scales[j]));
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up

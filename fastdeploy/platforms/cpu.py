@@ -4,8 +4,10 @@ Two facts (measured, see DESIGN.md): Paddle's bundled MKL runs its slow generic 
 unless `MKL_DEBUG_CPU_TYPE=5` is set *before* `import paddle` (fp32 GEMM ~75 -> ~200 GFLOP/s on
 Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THREADS` is unset.
 `prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
-`set_paddle_threads()` and `reuse_freed_memory()` run when an engine starts.
+`set_paddle_threads()` and `reuse_freed_memory()` run when an engine starts, and
+`collapse_into_huge_pages()` when a model runner gets its loaded model.
 """
+import bisect
 import ctypes
 import functools
 import logging
@@ -106,3 +108,60 @@ def reuse_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+_MADV_COLLAPSE = 25  # linux/mman.h (Linux >= 6.1)
+_HUGE_PAGE = 2 << 20  # x86-64 transparent huge page
+
+
+def _mappings() -> list[tuple[int, int]]:
+    """The process's memory mappings, [start, end) sorted by start (/proc/self/maps); [] where unreadable."""
+    try:
+        with open("/proc/self/maps", encoding="ascii") as f:
+            return sorted(tuple(int(a, 16) for a in line.split(maxsplit=1)[0].split("-")) for line in f)
+    except (OSError, ValueError):
+        return []
+
+
+def huge_page_ranges(extents: list[tuple[int, int]], mappings: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The 2 MiB-aligned ranges to collapse for data at `extents` ([(address, bytes)]): each extent widened
+    to 2 MiB boundaries but kept inside the aligned interior of the mapping that holds it, overlapping or
+    touching ranges merged. Extents outside every mapping are left out."""
+    starts = [lo for lo, _ in mappings]
+    ranges = []
+    for address, size in extents:
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0 or address + size > mappings[i][1]:
+            continue
+        lo = max(address // _HUGE_PAGE, -(-mappings[i][0] // _HUGE_PAGE)) * _HUGE_PAGE
+        hi = min(-(-(address + size) // _HUGE_PAGE), mappings[i][1] // _HUGE_PAGE) * _HUGE_PAGE
+        if hi > lo:
+            ranges.append((lo, hi))
+    merged = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def collapse_into_huge_pages(tensors) -> int:
+    """Back the memory of `tensors` with transparent huge pages, now: `madvise(..., MADV_COLLAPSE)` over
+    each 2 MiB page of `huge_page_ranges` of their data (neighbouring memory of the same mapping included).
+    Returns the bytes collapsed.
+
+    Decode streams every weight from memory each step. With 4 KiB pages, the hardware prefetchers stop at
+    each page boundary and each page costs a TLB entry; with 2 MiB pages the same kernels read faster
+    (benchmarks/README.md, "Huge pages"). THP is often "madvise" only, so tensors Paddle allocated are in
+    4 KiB pages; MADV_COLLAPSE (Linux 6.1) moves the pages already written into huge pages synchronously,
+    whatever the system setting. Where the kernel refuses (older kernels, THP disabled for the process),
+    nothing changes and that range counts 0 bytes."""
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return 0
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    extents = [(t.data_ptr(), t.numel().item() * t.element_size()) for t in tensors]
+    pages = [page for lo, hi in huge_page_ranges(extents, _mappings()) for page in range(lo, hi, _HUGE_PAGE)]
+    return _HUGE_PAGE * sum(madvise(page, _HUGE_PAGE, _MADV_COLLAPSE) == 0 for page in pages)  # one refusal loses one page

@@ -22,6 +22,7 @@ from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.attention import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
+from fastdeploy.platforms.cpu import collapse_into_huge_pages
 from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
 from fastdeploy.worker.multimodal import inputs_embeds, multimodal_rows, release_encoder_outputs
 from fastdeploy.worker.request_state import CachedRequestState
@@ -39,6 +40,7 @@ class ModelRunner:
         self.rng = np.random.default_rng(fd_config.seed)  # draws of unseeded requests
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches = self._allocate_kv_caches()
+        self.huge_page_bytes = collapse_into_huge_pages(model.parameters())  # decode streams them every step
 
     def _allocate_kv_caches(self) -> list:
         """One KVCache per layer, `num_blocks` blocks each, of the cache config's dtype (see

@@ -1,10 +1,11 @@
 """CPU runtime settings: the AMD MKL fix, GNU OpenMP left alone, the thread count and glibc malloc, in fresh
 interpreters."""
 import os
+import platform
 import subprocess
 import sys
 
-from fastdeploy.platforms.cpu import _cpu_vendor, usable_cores
+from fastdeploy.platforms.cpu import _cpu_vendor, huge_page_ranges, usable_cores
 
 
 def _run(code: str, env_changes: dict) -> str:
@@ -73,3 +74,56 @@ def test_the_engine_keeps_large_blocks_in_the_heap_unless_the_user_tuned_malloc(
     assert run("engine", {}) == ("True", 0)
     changed, mapped = run("engine", {"MALLOC_ARENA_MAX": "2"})
     assert changed == "False" and mapped >= 100 * 2**20
+
+
+MIB = 2**20
+
+
+def test_huge_page_ranges_stay_inside_each_mapping_and_merge():
+    """Extents widened to 2 MiB boundaries, clipped to the aligned interior of their mapping, touching
+    ranges merged; an extent outside every mapping, or one crossing a mapping's end, is left out."""
+    mappings = [(1 * MIB, 13 * MIB), (20 * MIB, 40 * MIB)]
+    extents = [
+        (1 * MIB + 4096, 3 * MIB),  # [1, 4.x) in a mapping whose aligned interior is [2, 12)
+        (5 * MIB, 1 * MIB),         # [5, 6): widened to [4, 6), touches the first
+        (11 * MIB, 2 * MIB),        # [11, 13): widened to [10, 14), clipped to [10, 12)
+        (21 * MIB, 100),            # widened to [20, 22)
+        (25 * MIB, 1 * MIB),        # widened to [24, 26): apart from [20, 22)
+        (15 * MIB, 1 * MIB),        # in no mapping
+        (39 * MIB, 2 * MIB),        # crosses its mapping's end
+    ]
+    assert huge_page_ranges(extents, mappings) == [
+        (2 * MIB, 6 * MIB), (10 * MIB, 12 * MIB), (20 * MIB, 22 * MIB), (24 * MIB, 26 * MIB)]
+
+
+COLLAPSE = """
+import numpy as np, paddle
+import fastdeploy
+from fastdeploy.platforms.cpu import collapse_into_huge_pages
+t = paddle.to_tensor(np.arange(48 * 2**20, dtype=np.uint8))
+def huge_kib():  # AnonHugePages of the mapping holding t's data (/proc/self/smaps)
+    inside, kib = False, 0
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(a, 16) for a in head.split("-"))
+            inside = lo <= t.data_ptr() < hi
+        elif inside and head == "AnonHugePages:":
+            kib = int(line.split()[1])
+    return kib
+before = huge_kib()
+collapsed = collapse_into_huge_pages([t])
+same = bool((t.numpy() == np.arange(48 * 2**20, dtype=np.uint8)).all())
+print(collapsed, (huge_kib() - before) * 1024, same)
+"""
+
+
+def test_collapse_into_huge_pages_moves_a_weight_into_huge_pages_as_reported():
+    """What the function reports equals the growth of the mapping's AnonHugePages (the kernel's count),
+    the data is unchanged, and on Linux >= 6.1 (MADV_COLLAPSE) a 48 MiB tensor gets at least 40 MiB of
+    huge pages (its aligned interior is at least 46 MiB)."""
+    collapsed, grown, same = _run(COLLAPSE, {}).split()
+    assert int(collapsed) == int(grown) and same == "True"
+    release = tuple(int(p) for p in platform.release().split(".")[:2])
+    if release >= (6, 1):
+        assert int(collapsed) >= 40 * MIB
