@@ -9,9 +9,11 @@
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
                                        int64_t out_features);
 
-// packed_linear.cc: y[M, N] = x[M, K] @ W^T on W packed as bf16 / wint8 / wint4 (packed_linear.h; kind: its id)
-std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t kind,
-                                         int64_t out_features, bool portable);
+// packed_linear.cc: y[M, N] = x[M, K] @ W^T (+ bias [N]; zero-size: none) on W packed as bf16 / wint8 / wint4
+// (packed_linear.h; kind: its id)
+std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                         const paddle::Tensor& bias, int64_t kind, int64_t out_features,
+                                         bool portable);
 
 // rms_norm.cc: (rms_norm(x + residual), x + residual)
 std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,

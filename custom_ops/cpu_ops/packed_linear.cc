@@ -1,9 +1,12 @@
 // Linear layer on packed bf16 / weight-only int8 / int4 weights, CPU, float32 activations in and out.
 //
-//   y[M, N] = x[M, K] @ W^T      (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/kWint4)
+//   y[M, N] = x[M, K] @ W^T (+ bias)   (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/kWint4;
+//                                       bias [N] float32, or zero-size for none)
 //
 // x is rounded to bf16 once per call; each product of two bf16 values is exact in float32 and the sum is
-// float32 (AVX512-BF16's vdpbf16ps, AMX's tdpbf16ps, on CPUs that have them). Paths:
+// float32 (AVX512-BF16's vdpbf16ps, AMX's tdpbf16ps, on CPUs that have them); where y is written, the
+// float32 sums are multiplied by wint8's column scales and the bias added (Epilogue), so a layer with a
+// bias makes one pass over y, not two. Paths:
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
@@ -19,7 +22,7 @@
 //     traffic: x in blocks of up to 256 rows that stay in L2 while a thread runs panels over them, and in
 //     each block K in chunks of 256 values, whose panel chunk stays in L1 while blocks of 32 rows x 32
 //     columns (2 A, 2 B, 4 accumulator tiles) use it, the accumulators spilled to a float32 buffer
-//     between chunks. Accumulators go through a per-thread buffer to y (wint8 scales, padded columns cut).
+//     between chunks. Accumulators go through a per-thread buffer to y (Epilogue, padded columns cut).
 //     int8/int4 panels, and bf16 ones when K is not a multiple of 32, are converted to a zero padded bf16
 //     panel first.
 //   * portable (no AVX512-BF16, or `portable` set, which the tests use): the same values in plain loops
@@ -62,9 +65,16 @@ void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, u
   for (int64_t m = m0; m < m1; ++m) fd_cpu::RoundRow(x + m * K, K, xb + m * ldx);
 }
 
+// What a panel's float32 sums become in y: times wint8's column scales, plus the layer's bias (each
+// nullptr where there is none; else the panel's first column's entry).
+struct Epilogue {
+  const float* scale;
+  const float* bias;
+};
+
 // ---- portable path ---------------------------------------------------------------------------------
 void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, const Layout& l, int64_t kind,
-                   int64_t p, int64_t N, float* y, std::vector<float>& tile) {
+                   int64_t p, int64_t N, const float* bias, float* y, std::vector<float>& tile) {
   tile.resize(K * kPanel);  // [K, 64] float32 values of this panel
   for (int64_t k2 = 0; k2 < l.k2; ++k2)
     for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
@@ -80,13 +90,23 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
 #pragma omp simd
       for (int64_t c = 0; c < kPanel; ++c) acc[c] += xv * row[c];
     }
-    for (int64_t c = 0; c < cols; ++c) y[m * N + p * kPanel + c] = scale ? acc[c] * scale[c] : acc[c];
+    for (int64_t c = 0; c < cols; ++c) {
+      const float product = scale ? acc[c] * scale[c] : acc[c];
+      y[m * N + p * kPanel + c] = bias ? product + bias[p * kPanel + c] : product;
+    }
   }
 }
 
 #ifdef __AVX512BF16__
 // ---- AVX512-BF16 path -------------------------------------------------------------------------------
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+
+// Columns 16 j .. 16 j + 15 (those in `mask`) of a panel's sums as y holds them (Epilogue).
+inline __m512 Finish(__m512 sums, const Epilogue& out, int j, __mmask16 mask) {
+  if (out.scale) sums = _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(mask, out.scale + 16 * j));
+  if (out.bias) sums = _mm512_add_ps(sums, _mm512_maskz_loadu_ps(mask, out.bias + 16 * j));
+  return sums;
+}
 
 // Register `reg` (16 columns x 2) of pair k2 of a panel, as 32 bf16.
 template <int64_t KIND>
@@ -120,7 +140,7 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 template <int MR, int64_t KIND, bool STREAM>
 void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
-          const float* col_scales, int64_t cols, bool first, bool last, float* y, int64_t ldy) {
+          const Epilogue& out, int64_t cols, bool first, bool last, float* y, int64_t ldy) {
   constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
   __m512 acc[MR][4];
   __mmask16 masks[4];
@@ -158,20 +178,19 @@ void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t*
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, b[j]);
     }
   }
-  for (int j = 0; j < 4; ++j) {
-    const __m512 s = last && col_scales ? _mm512_maskz_loadu_ps(masks[j], col_scales + 16 * j) : _mm512_set1_ps(1.f);
-    for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], _mm512_mul_ps(acc[m][j], s));
-  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < 4; ++j)
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], last ? Finish(acc[m][j], out, j, masks[j]) : acc[m][j]);
 }
 
 template <int64_t KIND, bool STREAM>
 void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel,
-               const float* panel_scales, const float* col_scales, int64_t cols, bool first, bool last, float* y,
+               const float* panel_scales, const Epilogue& out, int64_t cols, bool first, bool last, float* y,
                int64_t ldy) {
   for (int64_t m = 0; m < M; m += kMaxTileRows) {
     const uint32_t* xm = xb + m * K2;
     float* ym = y + m * ldy;
-    const auto args = std::make_tuple(xm, K2, k0, k1, panel, panel_scales, col_scales, cols, first, last, ym, ldy);
+    const auto args = std::make_tuple(xm, K2, k0, k1, panel, panel_scales, std::cref(out), cols, first, last, ym, ldy);
     switch (std::min<int64_t>(kMaxTileRows, M - m)) {
       case 1: std::apply(Tile<1, KIND, STREAM>, args); break;
       case 2: std::apply(Tile<2, KIND, STREAM>, args); break;
@@ -205,7 +224,7 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
 // after stop 22").
 constexpr int64_t kWint8RowPrefetch = 16384;
 
-void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col_scales, int64_t cols, float* y) {
+void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& out, int64_t cols, float* y) {
   __m512 acc[16];
   for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
   int64_t k2 = 0;
@@ -237,7 +256,7 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const float* col
     const __m512 a = _mm512_add_ps(acc[2 * j], acc[8 + 2 * j]), b = _mm512_add_ps(acc[2 * j + 1], acc[9 + 2 * j]);
     const __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
     const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-    _mm512_mask_storeu_ps(y + 16 * j, mask, _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(mask, col_scales + 16 * j)));
+    _mm512_mask_storeu_ps(y + 16 * j, mask, Finish(sums, out, j, mask));
   }
 }
 
@@ -249,21 +268,21 @@ constexpr int64_t kChunkPairs = 64;
 
 template <int64_t KIND>
 void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
-            std::atomic<int64_t>& next, float* y) {
+            const float* bias, std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   std::vector<uint16_t> bf16_panel(KIND != kBf16 && M > kMaxTileRows ? K2 * 128 : 0);
   for (int64_t p = next++; p < l.panels; p = next++) {
     const uint8_t* panel = w + p * l.panel_bytes;
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
-    const float* col_scales = KIND == kWint8 ? panel_scales : nullptr;
+    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr};
     const int64_t cols = std::min(kPanel, N - p * kPanel);
     float* yp = y + p * kPanel;
     if (KIND == kWint8 && M == 1) {
-      Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, col_scales, cols, yp);
+      Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, yp);
       continue;
     }
     if (M <= kMaxTileRows) {
-      RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, col_scales, cols, true, true, yp, N);
+      RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, out, cols, true, true, yp, N);
       continue;
     }
     if constexpr (KIND != kBf16) {
@@ -272,7 +291,7 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
     }
     for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
       const int64_t k1 = std::min(K2, k0 + kChunkPairs);
-      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, col_scales, cols, k0 == 0, k1 == K2, yp, N);
+      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, cols, k0 == 0, k1 == K2, yp, N);
     }
   }
 }
@@ -363,18 +382,13 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
   if (rows32 < rows) Amx16Rows(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
 }
 
-// y[M, panel's columns] = acc[M, 64] (times wint8's column scales), the padded columns left out.
-void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t cols, float* y, int64_t ldy) {
+// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out.
+void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy) {
   __mmask16 masks[4];
-  __m512 scales[4];
-  for (int j = 0; j < 4; ++j) {
-    masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-    scales[j] = col_scales ? _mm512_maskz_loadu_ps(masks[j], col_scales + 16 * j) : _mm512_set1_ps(1.f);
-  }
+  for (int j = 0; j < 4; ++j) masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
   for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
     for (int j = 0; j < 4; ++j)
-      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j],
-                            _mm512_mul_ps(_mm512_loadu_ps(acc + m * kPanel + 16 * j), scales[j]));
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]));
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
@@ -385,7 +399,7 @@ void StoreRows(const float* acc, int64_t M, const float* col_scales, int64_t col
 // work item.
 template <int64_t KIND>
 void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
-               int64_t N, std::atomic<int64_t>& next, float* y) {
+               int64_t N, const float* bias, std::atomic<int64_t>& next, float* y) {
   const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
   const bool many = rows > kAmxManyRowsFrom;
   const int64_t block = many ? AmxBlockRows(ldx) : rows, items = (rows + block - 1) / block * l.panels;
@@ -408,8 +422,8 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
       AmxManyRows(xb + r0 * ldx, ldx, block_rows, panel, steps, acc);
     else
       for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
-    StoreRows(acc, std::min(block_rows, M - r0), KIND == kWint8 ? panel_scales : nullptr,
-              std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
+    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr};
+    StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
   }
   _tile_release();
 }
@@ -418,8 +432,9 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
 
 }  // namespace
 
-std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t kind,
-                                         int64_t out_features, bool portable) {
+std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                         const paddle::Tensor& bias, int64_t kind, int64_t out_features,
+                                         bool portable) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
   PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
            " (wint4), got ", kind);
@@ -430,6 +445,9 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   PD_CHECK(weight.dtype() == paddle::DataType::UINT8 && weight.numel() == l.TotalBytes(), "packed_linear: weight of ",
            weight.numel(), " bytes does not hold ", N, " x ", K, " packed values of kind ", kind, " (", l.TotalBytes(),
            " bytes)");
+  PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == N),
+           "packed_linear: bias must be float32 [", N, "] or empty, got ", bias.numel(), " values");
+  const float* bd = bias.numel() == 0 ? nullptr : bias.data<float>();
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -467,39 +485,43 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
     if (amx) {
 #ifdef FD_AMX
       switch (kind) {
-        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
-        case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
-        default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, next, yd); break;
+        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
+        case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
+        default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
       }
 #endif
     } else if (fast) {
 #ifdef __AVX512BF16__
       const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb);
       switch (kind) {
-        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, next, yd); break;
-        case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, next, yd); break;
-        default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, next, yd); break;
+        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, bd, next, yd); break;
+        case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, bd, next, yd); break;
+        default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, bd, next, yd); break;
       }
 #endif
     } else {
       std::vector<float> tile;
-      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, yd, tile);
+      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, bd, yd, tile);
     }
   }
   return {y};
 }
 
 std::vector<std::vector<int64_t>> PackedLinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
-                                                         const int64_t&, const int64_t& out_features, const bool&) {
+                                                         const std::vector<int64_t>&, const int64_t&,
+                                                         const int64_t& out_features, const bool&) {
   std::vector<int64_t> out = x;
   out.back() = out_features;
   return {out};
 }
 
-std::vector<paddle::DataType> PackedLinearInferDtype(const paddle::DataType& x, const paddle::DataType&) { return {x}; }
+std::vector<paddle::DataType> PackedLinearInferDtype(const paddle::DataType& x, const paddle::DataType&,
+                                                     const paddle::DataType&) {
+  return {x};
+}
 
 PD_BUILD_OP(fd_packed_linear)
-    .Inputs({"X", "Weight"})
+    .Inputs({"X", "Weight", "Bias"})
     .Outputs({"Out"})
     .Attrs({"kind: int64_t", "out_features: int64_t", "portable: bool"})
     .SetKernelFn(PD_KERNEL(PackedLinear))

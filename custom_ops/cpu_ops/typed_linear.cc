@@ -5,9 +5,10 @@
 //   2, 3, 8                GGUF Q4_0 / Q4_1 / Q8_0 blocks in gguf_interleave_rows' layout: gguf_linear.cc
 //   30, 1008, 1004         packed bf16 / wint8 / wint4 (packed_linear.h): packed_linear.cc
 //
-// x: [n, in] float32; bias: [out] float32, or a zero-size tensor for none; y: [n, out] float32. The bias
-// is added to the product in place, one float32 add per element, as Paddle's `y + bias` in
-// fastdeploy/model_executor/layers/linear.py Linear.forward, so a composed op equals the layer path.
+// x: [n, in] float32; bias: [out] float32, or a zero-size tensor for none; y: [n, out] float32. Packed
+// kinds add the bias where they write y (packed_linear.cc); the others add it to the product in place,
+// one float32 add per element, as Paddle's `y + bias` in fastdeploy/model_executor/layers/linear.py
+// LinearMethod.forward, so a composed op equals the layer path.
 #include "cpu_ops.h"
 #include "packed_linear.h"
 
@@ -18,13 +19,13 @@ paddle::Tensor Product(const paddle::Tensor& x, const paddle::Tensor& weight, in
              "typed linear: a dense weight (qtype 0) must be float32 [in, out]");
     return paddle::experimental::matmul(x, weight, false, false);
   }
-  if (packed::KnownKind(qtype)) return PackedLinear(x, weight, qtype, out_features, false)[0];
   return GgufLinear(x, weight, qtype, out_features)[0];
 }
 }  // namespace
 
 paddle::Tensor TypedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, const paddle::Tensor& bias,
                            int64_t qtype, int64_t out_features) {
+  if (packed::KnownKind(qtype)) return PackedLinear(x, weight, bias, qtype, out_features, false)[0];
   paddle::Tensor y = Product(x, weight, qtype, out_features);
   if (bias.numel() == 0) return y;
   PD_CHECK(bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == out_features,

@@ -77,22 +77,29 @@ MANY_ROW_SHAPES = [(65, 70, 256), (257, 130, 4000), (1000, 200, 1312)]
 MANY_ROW_K_TAIL_SHAPES = [(300, 70, 4002)]
 
 
+NO_BIAS = paddle.zeros([0], "float32")
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("name,m,n,k",
                          [(name, *shape) for name in sorted(KINDS) for shape in SHAPES + MANY_ROW_SHAPES] +
                          [(name, *shape) for name in ("bf16", "wint8")
                           for shape in K_TAIL_SHAPES + MANY_ROW_K_TAIL_SHAPES])
-def test_linear_matches_float64(name, portable, m, n, k):
+def test_linear_matches_float64(name, portable, with_bias, m, n, k):
+    """y = x @ W^T (+ bias, added where each path writes y) against float64 on the values the op multiplies."""
     kind = KINDS[name]
     rng = np.random.default_rng(m * 1000 + n)
     w, x = random_weight(rng, n, k), rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else np.zeros(0, np.float32)
     packed = pack(w, kind)
     assert packed.nbytes == packed_bytes(kind, n, k)
-    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(packed), kind, n, portable).numpy()
+    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(packed), paddle.to_tensor(bias), kind, n,
+                                     portable).numpy()
     values, scale = weights_of(w, kind)
     xb = round_bf16(x)
-    ref = (xb @ values.T) * scale
-    bound = 2e-6 * k * (np.abs(xb) @ np.abs(values).T) * scale + 1e-30
+    ref = (xb @ values.T) * scale + (bias if with_bias else 0)
+    bound = 2e-6 * k * (np.abs(xb) @ np.abs(values).T) * scale + 2e-7 * np.abs(ref) + 1e-30
     assert y.shape == (m, n)
     assert np.all(np.abs(y - ref) <= bound), f"max error {np.abs(y - ref).max():.3g}"
 
@@ -104,7 +111,8 @@ def test_one_row_with_an_odd_number_of_input_pairs(name, portable):
     kind = KINDS[name]
     rng = np.random.default_rng(7)
     w, x = random_weight(rng, 70, 130), rng.standard_normal((1, 130)).astype(np.float32)
-    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(pack(w, kind)), kind, 70, portable).numpy()
+    y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(pack(w, kind)), NO_BIAS, kind, 70,
+                                     portable).numpy()
     values, scale = weights_of(w, kind)
     xb = round_bf16(x)
     ref = (xb @ values.T) * scale
@@ -116,8 +124,8 @@ def test_fast_and_portable_paths_agree_on_a_large_call():
     w, x = random_weight(rng, 300, 512), rng.standard_normal((70, 512)).astype(np.float32)
     for kind in KINDS.values():
         packed = paddle.to_tensor(pack(w, kind))
-        fast = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, kind, 300, False).numpy()
-        portable = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, kind, 300, True).numpy()
+        fast = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, False).numpy()
+        portable = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, True).numpy()
         np.testing.assert_allclose(fast, portable, rtol=1e-4, atol=1e-4 * np.abs(portable).max())
 
 
@@ -134,22 +142,28 @@ def test_embedding_rows_are_the_stored_values(name):
     np.testing.assert_allclose(rows, expected, rtol=2 ** -8 if kind == WINT4 else 0)  # int4: q*d+m rounded twice here
 
 
-def test_a_wrong_weight_size_is_an_error_naming_the_sizes():
+def test_a_wrong_weight_or_bias_size_is_an_error_naming_the_sizes():
     x = paddle.ones([1, 128])
     with pytest.raises(Exception, match="does not hold 64 x 128"):
-        compiled("fd_packed_linear")(x, paddle.zeros([10], "uint8"), BF16, 64, False)
+        compiled("fd_packed_linear")(x, paddle.zeros([10], "uint8"), NO_BIAS, BF16, 64, False)
+    weight = paddle.to_tensor(pack(np.ones((64, 128), np.float32), BF16))
+    with pytest.raises(Exception, match=r"bias must be float32 \[64\] or empty, got 63 values"):
+        compiled("fd_packed_linear")(x, weight, paddle.zeros([63]), BF16, 64, False)
 
 
 def test_linear_method_packs_shards_and_falls_back_where_the_shape_does_not_fit():
     rng = np.random.default_rng(3)
     q, k = random_weight(rng, 64, 128), random_weight(rng, 32, 128)
-    layer = Linear(128, {"q": 64, "k": 32}, False, PackedConfig(WINT8).linear_method(["q", "k"]))
+    q_bias, k_bias = rng.standard_normal(64).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    layer = Linear(128, {"q": 64, "k": 32}, True, PackedConfig(WINT8).linear_method(["q", "k"]))
     assert isinstance(layer.method, PackedLinearMethod)
     layer.weight_loader(layer.weight, k, "k")
     layer.weight_loader(layer.weight, q, "q")
+    layer.weight_loader(layer.bias, k_bias, "k")
+    layer.weight_loader(layer.bias, q_bias, "q")
     x = rng.standard_normal((2, 128)).astype(np.float32)
     values, scale = weights_of(np.concatenate([q, k]), WINT8)
-    ref = (round_bf16(x) @ values.T) * scale
+    ref = (round_bf16(x) @ values.T) * scale + np.concatenate([q_bias, k_bias])
     np.testing.assert_allclose(layer(paddle.to_tensor(x)).numpy(), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     odd = Linear(80, {None: 8}, False, PackedConfig(WINT4).linear_method(["w"]))  # 80 is not a multiple of 32
     assert odd.weight.dtype == paddle.float32 and isinstance(odd.method._dense, UnquantizedLinearMethod)

@@ -34,7 +34,7 @@ class LinearMethod:
         raise NotImplementedError
 
     def apply(self, layer: "Linear", x: paddle.Tensor) -> paddle.Tensor:
-        """x [n, in] float32 -> x @ W [n, out] float32 (no bias)."""
+        """x [n, in] float32 -> x @ W + b [n, out] float32 (b: the layer's bias, when it has one)."""
         raise NotImplementedError
 
     def operand(self, layer: "Linear", rows: int) -> tuple[paddle.Tensor, int]:
@@ -56,10 +56,15 @@ class UnquantizedLinearMethod(LinearMethod):
         copy_transposed(np.from_dlpack(layer.weight)[:, start:end], loaded)
 
     def apply(self, layer: "Linear", x: paddle.Tensor) -> paddle.Tensor:
-        return paddle.matmul(x, layer.weight)  # [n, in] @ [in, out]
+        return with_bias(layer, paddle.matmul(x, layer.weight))  # [n, in] @ [in, out]
 
     def operand(self, layer: "Linear", rows: int) -> tuple[paddle.Tensor, int]:
         return layer.weight, 0
+
+
+def with_bias(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
+    """y [n, out] plus the layer's bias, when it has one (a method whose kernel does not add it)."""
+    return y if layer.bias is None else y + layer.bias
 
 
 class QuantConfig:
@@ -94,9 +99,7 @@ class Linear(paddle.nn.Layer):
         self.bias = empty_parameter([start], weight_loader=self.weight_loader) if bias else None
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        # x: [n, in] -> [n, out]
-        y = self.method.apply(self, x)
-        return y if self.bias is None else y + self.bias
+        return self.method.apply(self, x)  # x: [n, in] -> [n, out]
 
     def weight_loader(self, param: paddle.Tensor, loaded, shard_id=None) -> None:
         """Copy checkpoint tensor `loaded` (HF orientation: weight [out, in], bias [out]) into the

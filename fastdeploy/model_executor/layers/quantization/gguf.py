@@ -20,7 +20,7 @@ import paddle
 
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import (Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod,
-                                                     copy_transposed)
+                                                     copy_transposed, with_bias)
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.model_loader.quantized import (QuantizedTensor, blocks_from_interleaved,
                                                               interleaved_shape)
@@ -79,7 +79,7 @@ class GGUFLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, in] -> [n, out]
         weight, qtype = self.operand(layer, x.shape[0])
-        return self._linear(x, weight, qtype, layer.out_features) if qtype else paddle.matmul(x, weight)
+        return with_bias(layer, self._linear(x, weight, qtype, layer.out_features) if qtype else paddle.matmul(x, weight))
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         if rows < DENSE_FROM_ROWS:

@@ -36,6 +36,7 @@ BF16, WINT8, WINT4 = 30, 1008, 1004  # the op's kind ids (packed_linear.h)
 KIND_IDS = {"bfloat16": BF16, "wint8": WINT8, "wint4": WINT4}
 PANEL = 64  # output features per panel
 INT4_GROUP = 32  # input features per wint4 scale and minimum
+NO_BIAS = paddle.zeros([0], "float32")  # the op's bias input for a layer without one
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -190,7 +191,8 @@ class PackedLinearMethod(LinearMethod):
         # x: [n, in] -> [n, out]
         if self._dense is not None:
             return self._dense.apply(layer, x)
-        return self._linear(x, layer.weight, self.kind, layer.out_features, False)
+        bias = layer.bias if layer.bias is not None else NO_BIAS  # added where the op writes y
+        return self._linear(x, layer.weight, bias, self.kind, layer.out_features, False)
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         return (layer.weight, 0) if self._dense is not None else (layer.weight, self.kind)

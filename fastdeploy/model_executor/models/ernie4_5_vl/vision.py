@@ -27,7 +27,8 @@ import paddle
 import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method
+from fastdeploy.model_executor.layers.linear import (Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method,
+                                                     with_bias)
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.layers.quantization.weight_format import cpu_has_amx_bf16
@@ -49,9 +50,9 @@ class RowBlockedLinearMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         if x.shape[0] <= ROW_BLOCK:
-            return paddle.matmul(x, layer.weight)
-        return paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
-                              for i in range(0, x.shape[0], ROW_BLOCK)])  # [n, in] @ [in, out] -> [n, out]
+            return with_bias(layer, paddle.matmul(x, layer.weight))
+        return with_bias(layer, paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
+                                               for i in range(0, x.shape[0], ROW_BLOCK)]))  # [n, in] @ [in, out]
 
 
 def linear_method() -> UnquantizedLinearMethod:
