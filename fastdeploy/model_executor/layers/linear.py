@@ -63,8 +63,9 @@ class UnquantizedLinearMethod(LinearMethod):
 
 
 def with_bias(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
-    """y [n, out] plus the layer's bias, when it has one (a method whose kernel does not add it)."""
-    return y if layer.bias is None else y + layer.bias
+    """y [n, out], a product the caller owns, plus the layer's bias when it has one (for a method whose
+    kernel does not add it). In place: Paddle's `y + b` writes a new tensor at a third of the speed."""
+    return y if layer.bias is None else y.add_(layer.bias)
 
 
 class QuantConfig:
