@@ -19,7 +19,7 @@
 //     columns per tile: a panel row of 256 bytes holds four tiles' rows); x, rounded into a 64-byte aligned
 //     buffer zero padded to 16 rows and to K a multiple of 32, gives A tiles of 16 rows x 32 values. Up to
 //     64 rows (batched decode) blocks of 16 rows x 64 columns over all of K. Above (prefill), bound by L2
-//     traffic: x in blocks of up to 256 rows that stay in L2 while a thread runs panels over them, and in
+//     traffic: x in blocks of 256 rows, run over groups of panels (~4 MB) group by group, and in
 //     each block K in chunks of 256 values, whose panel chunk stays in L1 while blocks of 32 rows x 32
 //     columns (2 A, 2 B, 4 accumulator tiles) use it, the accumulators spilled to a float32 buffer
 //     between chunks. Accumulators go through a per-thread buffer to y (Epilogue, padded columns cut).
@@ -308,13 +308,15 @@ constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W stre
 // 256-byte panel row whole, so the first block streams the panel from memory in address order (the others
 // find it in L2); reading half of each row per pass streamed slower (benchmarks/README.md, "Quiet machine,
 // side by side, Intel Xeon with AMX"). Above, prefill: AmxManyRows, bound by the traffic from L2 to L1
-// rather than by `tdpbf16ps`, so blocked for L1 (K in chunks) and for L2 (x in blocks of rows).
+// rather than by `tdpbf16ps`, so blocked for L1 (K in chunks), L2 (x in blocks of rows) and L3 (panel groups).
 constexpr int64_t kAmxManyRowsFrom = 64;
 constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 values, 32 KB of a bf16 panel
-// Rows of x per work item above kAmxManyRowsFrom: a multiple of 32 with the block's bf16 x at most ~1.3 MB,
-// and at most 256 rows, so that it stays in L2 (2 MB on the Xeons we measured) beside one panel while the
-// thread runs every panel over it (from L3 otherwise, once per panel: benchmarks/README.md, "AMX prefill").
-int64_t AmxBlockRows(int64_t ldx) { return 32 * std::clamp<int64_t>(20480 / ldx, 1, 8); }
+// Above kAmxManyRowsFrom rows a work item is (block of 256 rows of x, panel), and the panels go in groups of
+// about 4 MB of bf16 W: every block runs over one group before the next group starts, so each panel comes
+// from memory once and is reused from L3 by the other blocks, and a block's x chunks from L2 / L3 (fewer
+// rows per block, sized for L2 whatever K, re-read large-K panels more often and were slower:
+// benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups").
+constexpr int64_t kAmxBlockRows = 256, kAmxGroupBytes = 4 << 20;
 
 using fd_amx::AmxPermitted;  // amx_tiles.h
 using fd_amx::ConfigureTiles;
@@ -392,9 +394,9 @@ void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, f
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
-// to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of AmxBlockRows rows, panel),
-// taken block by block (both threads on one block of x, each core keeping it in its L2); up to it, one
-// block of all rows. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
+// to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of kAmxBlockRows rows, panel),
+// taken group of panels by group, block by block in a group (both threads on one block of x); up to it,
+// one block of all rows. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
 // a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K), once per
 // work item.
 template <int64_t KIND>
@@ -402,7 +404,8 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
                int64_t N, const float* bias, std::atomic<int64_t>& next, float* y) {
   const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
   const bool many = rows > kAmxManyRowsFrom;
-  const int64_t block = many ? AmxBlockRows(ldx) : rows, items = (rows + block - 1) / block * l.panels;
+  const int64_t block = many ? kAmxBlockRows : rows, blocks = (rows + block - 1) / block, items = blocks * l.panels;
+  const int64_t group = many ? std::clamp<int64_t>(kAmxGroupBytes / (ldx * 2 * kPanel), 1, l.panels) : l.panels;
   const bool copy = KIND != kBf16 || 2 * K2 != ldx;
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
   std::vector<float> acc_buffer(block * kPanel + 16);
@@ -411,7 +414,10 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   ConfigureTiles();
   for (int64_t item = next++; item < items; item = next++) {
-    const int64_t p = item % l.panels, r0 = item / l.panels * block, block_rows = std::min(block, rows - r0);
+    // item -> (group of panels, block of rows, panel of the group): every block runs over a group before the next
+    const int64_t first = item / (blocks * group) * group, size = std::min(group, l.panels - first);
+    const int64_t in_group = item - first * blocks;
+    const int64_t p = first + in_group % size, r0 = in_group / size * block, block_rows = std::min(block, rows - r0);
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
     const uint16_t* panel = reinterpret_cast<const uint16_t*>(w + p * l.panel_bytes);
     if (copy) {

@@ -68,13 +68,14 @@ SHAPES = [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (16, 64, 96
 # K not a multiple of 32 (bf16 and wint8 only; wint4 groups are 32 wide): AMX steps are 32 values of K, so
 # the last step is zero padded
 K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (16, 64, 130), (17, 130, 208), (33, 64, 176), (100, 70, 2098)]
-# Above 64 rows with AMX: x in blocks of 32 * clamp(20480 // K, 1, 8) rows (K rounded up to 32), each block's
-# K in chunks of 256 values (8 steps of 32), 32-row blocks then one of 16. M = 65: one block, a 16-row tail;
-# 257 at K = 4000: blocks of 160 rows, the last with a 16-row tail, K's last chunk 5 steps; 1000 at K = 1312:
-# blocks of 256, the last partial, K's last chunk one step; K = 4002 (not a multiple of 32): a zero padded
-# last step.
+# Above 64 rows with AMX: x in blocks of 256 rows, panels in groups of 4 MiB // (K rounded up to 32 * 128)
+# (bf16 bytes of a panel), every block over a group before the next group; each block's K in chunks of 256
+# values (8 steps of 32), 32-row blocks then one of 16. M = 65: one block, a 16-row tail; 257 at K = 4000: a
+# full block and a 16-row one, K's last chunk 5 steps; 1000 at K = 1312: the last block partial, K's last
+# chunk one step; K = 4002 (not a multiple of 32): a zero padded last step; 272 x 586 at K = 8192: groups of
+# 4 panels, the last of 2.
 MANY_ROW_SHAPES = [(65, 70, 256), (257, 130, 4000), (1000, 200, 1312)]
-MANY_ROW_K_TAIL_SHAPES = [(300, 70, 4002)]
+MANY_ROW_K_TAIL_SHAPES = [(300, 70, 4002), (272, 586, 8192)]
 
 
 NO_BIAS = paddle.zeros([0], "float32")
