@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -60,9 +61,12 @@ T* Align64(T* p) {
   return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
 }
 
-// x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row are left as they are)
+// x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row set to zero)
 void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, uint16_t* xb) {
-  for (int64_t m = m0; m < m1; ++m) fd_cpu::RoundRow(x + m * K, K, xb + m * ldx);
+  for (int64_t m = m0; m < m1; ++m) {
+    fd_cpu::RoundRow(x + m * K, K, xb + m * ldx);
+    std::fill(xb + m * ldx + K, xb + (m + 1) * ldx, uint16_t{0});
+  }
 }
 
 // What a panel's float32 sums become in y: times wint8's column scales, plus the layer's bias (each
@@ -408,9 +412,9 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
   const int64_t group = many ? std::clamp<int64_t>(kAmxGroupBytes / (ldx * 2 * kPanel), 1, l.panels) : l.panels;
   const bool copy = KIND != kBf16 || 2 * K2 != ldx;
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
-  std::vector<float> acc_buffer(block * kPanel + 16);
+  std::unique_ptr<float[]> acc_buffer(new float[block * kPanel + 16]);  // written before it is read
   uint16_t* bf16_panel = Align64(bf16_buffer.data());  // [ldx / 2 pairs, 128]
-  float* acc = Align64(acc_buffer.data());             // [block, 64]
+  float* acc = Align64(acc_buffer.get());              // [block, 64]
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   ConfigureTiles();
   for (int64_t item = next++; item < items; item = next++) {
@@ -473,8 +477,9 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #endif
   // x as bf16 [M, K]; for AMX [M rounded up to 16, K rounded up to 32], zero padded
   const int64_t ldx = amx ? (K + 31) / 32 * 32 : K, rows = amx ? (M + 15) / 16 * 16 : M;
-  std::vector<uint16_t> xb_buffer(rows * ldx + 32);
-  uint16_t* xb = Align64(xb_buffer.data());
+  std::unique_ptr<uint16_t[]> xb_buffer(new uint16_t[rows * ldx + 32]);  // not zeroed: RoundRows writes rows < M
+  uint16_t* xb = Align64(xb_buffer.get());
+  std::fill(xb + M * ldx, xb + rows * ldx, uint16_t{0});
   // wint8 with one row (Wint8Row): x rounded to bf16 and widened back, K float32 values
   std::vector<float> xf(kind == kWint8 && M == 1 ? K : 0);
   for (int64_t k = 0; k < static_cast<int64_t>(xf.size()); ++k) xf[k] = Bf16ToFloat(RoundToBf16(xd[k]));
