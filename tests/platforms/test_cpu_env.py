@@ -127,3 +127,14 @@ def test_collapse_into_huge_pages_moves_a_weight_into_huge_pages_as_reported():
     release = tuple(int(p) for p in platform.release().split(".")[:2])
     if release >= (6, 1):
         assert int(collapsed) >= 40 * MIB
+
+
+def test_the_engine_holds_the_default_models_weights_in_huge_pages(smollm_llm):
+    """Every engine's model runner collapses its parameters into huge pages at start (the greedy and
+    parity tests run on those pages); on Linux >= 6.1 the 2 MiB pages collapsed cover at least 90% of the
+    parameter bytes (they are counted whole, so neighbouring heap memory may add to them)."""
+    runner = smollm_llm.llm_engine.executor.runner
+    weights = sum(p.numel().item() * p.element_size() for p in runner.model.parameters())
+    release = tuple(int(p) for p in platform.release().split(".")[:2])
+    if release >= (6, 1):  # MADV_COLLAPSE exists
+        assert runner.huge_page_bytes >= 0.9 * weights
