@@ -64,7 +64,8 @@ class UnquantizedLinearMethod(LinearMethod):
 
 def with_bias(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
     """y [n, out], a product the caller owns, plus the layer's bias when it has one (for a method whose
-    kernel does not add it). In place: Paddle's `y + b` writes a new tensor at a third of the speed."""
+    kernel does not add it), in place: Paddle's `y + b` would write a new tensor, a slower second pass
+    (benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups; the bias where y is written")."""
     return y if layer.bias is None else y.add_(layer.bias)
 
 

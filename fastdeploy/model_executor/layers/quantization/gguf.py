@@ -79,7 +79,8 @@ class GGUFLinearMethod(LinearMethod):
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, in] -> [n, out]
         weight, qtype = self.operand(layer, x.shape[0])
-        return with_bias(layer, self._linear(x, weight, qtype, layer.out_features) if qtype else paddle.matmul(x, weight))
+        y = self._linear(x, weight, qtype, layer.out_features) if qtype else paddle.matmul(x, weight)
+        return with_bias(layer, y)
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         if rows < DENSE_FROM_ROWS:
