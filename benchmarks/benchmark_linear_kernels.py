@@ -79,7 +79,7 @@ def ours(shapes, repeats) -> list[dict]:
             t = best_time(lambda: paddle.matmul(x, dense), repeats)
             rows.append(dict(shape=name, m=m, kernel="paddle-fp32", seconds=t[0], cpu=t[1], weight_bytes=4 * N * K))
             for label, kind in (("ours-bf16", BF16), ("ours-wint8", WINT8), ("ours-wint4", WINT4)):
-                t = best_time(lambda: op(x, packed[kind], NO_BIAS, kind, N, False), repeats)
+                t = best_time(lambda: op(x, packed[kind], NO_BIAS, kind, N, False, 0), repeats)
                 rows.append(dict(shape=name, m=m, kernel=label, seconds=t[0], cpu=t[1],
                                  weight_bytes=packed_bytes(kind, N, K)))
     return rows

@@ -9,11 +9,11 @@
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
                                        int64_t out_features);
 
-// packed_linear.cc: y[M, N] = x[M, K] @ W^T (+ bias [N]; zero-size: none) on W packed as bf16 / wint8 / wint4
-// (packed_linear.h; kind: its id)
+// packed_linear.cc: y[M, N] = act(x[M, K] @ W^T (+ bias [N]; zero-size: none)) on W packed as bf16 / wint8 /
+// wint4 (packed_linear.h; kind: its id; activation 0: none, 1: QuickGELU)
 std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
                                          const paddle::Tensor& bias, int64_t kind, int64_t out_features,
-                                         bool portable);
+                                         bool portable, int64_t activation);
 
 // rms_norm.cc: (rms_norm(x + residual), x + residual)
 std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,

@@ -1,12 +1,13 @@
 // Linear layer on packed bf16 / weight-only int8 / int4 weights, CPU, float32 activations in and out.
 //
-//   y[M, N] = x[M, K] @ W^T (+ bias)   (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/kWint4;
-//                                       bias [N] float32, or zero-size for none)
+//   y[M, N] = act(x[M, K] @ W^T (+ bias))   (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/
+//                                             kWint4; bias [N] float32, or zero-size for none; act: `activation`
+//                                             0 none, 1 QuickGELU as vec_exp.h computes it, the fd_quick_gelu op's)
 //
 // x is rounded to bf16 once per call; each product of two bf16 values is exact in float32 and the sum is
 // float32 (AVX512-BF16's vdpbf16ps, AMX's tdpbf16ps, on CPUs that have them); where y is written, the
-// float32 sums are multiplied by wint8's column scales and the bias added (Epilogue), so a layer with a
-// bias makes one pass over y, not two. Paths:
+// float32 sums are multiplied by wint8's column scales, the bias added and the activation applied
+// (Epilogue), so a layer with a bias and an activation makes one pass over y, not three. Paths:
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
@@ -42,6 +43,7 @@
 #include "amx_tiles.h"  // FD_AMX: AMX-BF16 tiles compiled (with AVX512-BF16, on Linux)
 #include "cpu_ops.h"
 #include "packed_linear.h"
+#include "vec_exp.h"
 #include "paddle/extension.h"
 
 #ifdef _OPENMP
@@ -69,16 +71,21 @@ void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, u
   }
 }
 
+// The op's activations on y (the `activation` attribute).
+constexpr int64_t kNoActivation = 0, kQuickGelu = 1;
+
 // What a panel's float32 sums become in y: times wint8's column scales, plus the layer's bias (each
-// nullptr where there is none; else the panel's first column's entry).
+// nullptr where there is none; else the panel's first column's entry), then the activation.
 struct Epilogue {
   const float* scale;
   const float* bias;
+  int64_t activation;
 };
 
 // ---- portable path ---------------------------------------------------------------------------------
 void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, const Layout& l, int64_t kind,
-                   int64_t p, int64_t N, const float* bias, float* y, std::vector<float>& tile) {
+                   int64_t p, int64_t N, const float* bias, int64_t activation, float* y,
+                   std::vector<float>& tile) {
   tile.resize(K * kPanel);  // [K, 64] float32 values of this panel
   for (int64_t k2 = 0; k2 < l.k2; ++k2)
     for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
@@ -96,7 +103,8 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
     }
     for (int64_t c = 0; c < cols; ++c) {
       const float product = scale ? acc[c] * scale[c] : acc[c];
-      y[m * N + p * kPanel + c] = bias ? product + bias[p * kPanel + c] : product;
+      const float biased = bias ? product + bias[p * kPanel + c] : product;
+      y[m * N + p * kPanel + c] = activation == kQuickGelu ? fd_cpu::QuickGelu(biased) : biased;
     }
   }
 }
@@ -109,7 +117,7 @@ inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 inline __m512 Finish(__m512 sums, const Epilogue& out, int j, __mmask16 mask) {
   if (out.scale) sums = _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(mask, out.scale + 16 * j));
   if (out.bias) sums = _mm512_add_ps(sums, _mm512_maskz_loadu_ps(mask, out.bias + 16 * j));
-  return sums;
+  return out.activation == kQuickGelu ? fd_cpu::QuickGelu(sums) : sums;
 }
 
 // Register `reg` (16 columns x 2) of pair k2 of a panel, as 32 bf16.
@@ -272,13 +280,13 @@ constexpr int64_t kChunkPairs = 64;
 
 template <int64_t KIND>
 void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
-            const float* bias, std::atomic<int64_t>& next, float* y) {
+            const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   std::vector<uint16_t> bf16_panel(KIND != kBf16 && M > kMaxTileRows ? K2 * 128 : 0);
   for (int64_t p = next++; p < l.panels; p = next++) {
     const uint8_t* panel = w + p * l.panel_bytes;
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
-    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr};
+    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr, activation};
     const int64_t cols = std::min(kPanel, N - p * kPanel);
     float* yp = y + p * kPanel;
     if (KIND == kWint8 && M == 1) {
@@ -405,7 +413,7 @@ void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, f
 // work item.
 template <int64_t KIND>
 void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
-               int64_t N, const float* bias, std::atomic<int64_t>& next, float* y) {
+               int64_t N, const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
   const bool many = rows > kAmxManyRowsFrom;
   const int64_t block = many ? kAmxBlockRows : rows, blocks = (rows + block - 1) / block, items = blocks * l.panels;
@@ -432,7 +440,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
       AmxManyRows(xb + r0 * ldx, ldx, block_rows, panel, steps, acc);
     else
       for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
-    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr};
+    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr, activation};
     StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
   }
   _tile_release();
@@ -444,7 +452,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
 
 std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
                                          const paddle::Tensor& bias, int64_t kind, int64_t out_features,
-                                         bool portable) {
+                                         bool portable, int64_t activation) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
   PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
            " (wint4), got ", kind);
@@ -458,6 +466,8 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == N),
            "packed_linear: bias must be float32 [", N, "] or empty, got ", bias.numel(), " values");
   const float* bd = bias.numel() == 0 ? nullptr : bias.data<float>();
+  PD_CHECK(activation == kNoActivation || activation == kQuickGelu, "packed_linear: activation must be ",
+           kNoActivation, " (none) or ", kQuickGelu, " (quick_gelu), got ", activation);
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -496,23 +506,23 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
     if (amx) {
 #ifdef FD_AMX
       switch (kind) {
-        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
-        case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
-        default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, bd, next, yd); break;
+        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
+        case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
+        default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
       }
 #endif
     } else if (fast) {
 #ifdef __AVX512BF16__
       const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb);
       switch (kind) {
-        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, bd, next, yd); break;
-        case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, bd, next, yd); break;
-        default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, bd, next, yd); break;
+        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, bd, activation, next, yd); break;
+        case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, bd, activation, next, yd); break;
+        default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, bd, activation, next, yd); break;
       }
 #endif
     } else {
       std::vector<float> tile;
-      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, bd, yd, tile);
+      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, bd, activation, yd, tile);
     }
   }
   return {y};
@@ -520,7 +530,8 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 
 std::vector<std::vector<int64_t>> PackedLinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
                                                          const std::vector<int64_t>&, const int64_t&,
-                                                         const int64_t& out_features, const bool&) {
+                                                         const int64_t& out_features, const bool&,
+                                                         const int64_t&) {
   std::vector<int64_t> out = x;
   out.back() = out_features;
   return {out};
@@ -534,7 +545,7 @@ std::vector<paddle::DataType> PackedLinearInferDtype(const paddle::DataType& x, 
 PD_BUILD_OP(fd_packed_linear)
     .Inputs({"X", "Weight", "Bias"})
     .Outputs({"Out"})
-    .Attrs({"kind: int64_t", "out_features: int64_t", "portable: bool"})
+    .Attrs({"kind: int64_t", "out_features: int64_t", "portable: bool", "activation: int64_t"})
     .SetKernelFn(PD_KERNEL(PackedLinear))
     .SetInferShapeFn(PD_INFER_SHAPE(PackedLinearInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(PackedLinearInferDtype));

@@ -21,22 +21,16 @@
 namespace {
 constexpr int64_t kParallelElements = 1 << 17;
 constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP work unit
-constexpr float kScale = 1.702f;
 
 void QuickGeluRange(const float* x, int64_t count, float* out) {
   int64_t i = 0;
 #ifdef __AVX512F__
-  const __m512 one = _mm512_set1_ps(1.f), minus_scale = _mm512_set1_ps(-kScale);
   for (; i < count; i += 16) {
     const __mmask16 m = count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-    const __m512 e = fd_cpu::Exp(_mm512_mul_ps(v, minus_scale));
-    _mm512_mask_storeu_ps(out + i, m, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+    _mm512_mask_storeu_ps(out + i, m, fd_cpu::QuickGelu(_mm512_maskz_loadu_ps(m, x + i)));
   }
 #endif
-  for (; i < count; ++i) {
-    out[i] = x[i] / (1.f + std::exp(std::min(std::max(-kScale * x[i], fd_cpu::kExpMin), fd_cpu::kExpMax)));
-  }
+  for (; i < count; ++i) out[i] = fd_cpu::QuickGelu(x[i]);
 }
 }  // namespace
 

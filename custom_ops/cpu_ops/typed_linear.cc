@@ -25,7 +25,7 @@ paddle::Tensor Product(const paddle::Tensor& x, const paddle::Tensor& weight, in
 
 paddle::Tensor TypedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, const paddle::Tensor& bias,
                            int64_t qtype, int64_t out_features) {
-  if (packed::KnownKind(qtype)) return PackedLinear(x, weight, bias, qtype, out_features, false)[0];
+  if (packed::KnownKind(qtype)) return PackedLinear(x, weight, bias, qtype, out_features, false, 0)[0];
   paddle::Tensor y = Product(x, weight, qtype, out_features);
   if (bias.numel() == 0) return y;
   PD_CHECK(bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == out_features,

@@ -7,9 +7,17 @@
 // relative), then times 2^k with scalef: within ~2 ulp of exp in float64. x is clamped to
 // [kExpMin, kExpMax], so results are finite and normal (exp(-87.3) ~ 1.2e-38).
 #pragma once
+#include <algorithm>
+#include <cmath>
 
 namespace fd_cpu {
 constexpr float kExpMin = -87.3f, kExpMax = 88.7f;
+constexpr float kQuickGeluScale = 1.702f;
+
+// QuickGELU of one float: x / (1 + exp(-1.702 x)), exp's argument clamped as Exp clamps it.
+inline float QuickGelu(float x) {
+  return x / (1.f + std::exp(std::min(std::max(-kQuickGeluScale * x, kExpMin), kExpMax)));
+}
 }  // namespace fd_cpu
 
 #ifdef __AVX512F__
@@ -28,6 +36,12 @@ inline __m512 Exp(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   }
   return _mm512_scalef_ps(p, k);
+}
+
+// QuickGELU of 16 floats: x / (1 + Exp(-1.702 x)) (quick_gelu.cc's op, and fd_packed_linear's epilogue).
+inline __m512 QuickGelu(__m512 x) {
+  const __m512 e = Exp(_mm512_mul_ps(x, _mm512_set1_ps(-kQuickGeluScale)));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 }  // namespace fd_cpu
 #endif

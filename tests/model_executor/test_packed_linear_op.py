@@ -96,7 +96,7 @@ def test_linear_matches_float64(name, portable, with_bias, m, n, k):
     packed = pack(w, kind)
     assert packed.nbytes == packed_bytes(kind, n, k)
     y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(packed), paddle.to_tensor(bias), kind, n,
-                                     portable).numpy()
+                                     portable, 0).numpy()
     values, scale = weights_of(w, kind)
     xb = round_bf16(x)
     ref = (xb @ values.T) * scale + (bias if with_bias else 0)
@@ -113,11 +113,53 @@ def test_one_row_with_an_odd_number_of_input_pairs(name, portable):
     rng = np.random.default_rng(7)
     w, x = random_weight(rng, 70, 130), rng.standard_normal((1, 130)).astype(np.float32)
     y = compiled("fd_packed_linear")(paddle.to_tensor(x), paddle.to_tensor(pack(w, kind)), NO_BIAS, kind, 70,
-                                     portable).numpy()
+                                     portable, 0).numpy()
     values, scale = weights_of(w, kind)
     xb = round_bf16(x)
     ref = (xb @ values.T) * scale
     assert np.all(np.abs(y - ref) <= 2e-6 * 130 * (np.abs(xb) @ np.abs(values).T) * scale + 1e-30)
+
+
+def quick_gelu64(y: np.ndarray) -> np.ndarray:
+    """x * sigmoid(1.702 x) in float64 (transformers' QuickGELUActivation)."""
+    y = y.astype(np.float64)
+    return y / (1 + np.exp(-1.702 * y))
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("m", [1, 7, 100])  # one row (Wint8Row for wint8), AMX 16-row blocks, AMX many rows
+def test_quick_gelu_activation_is_applied_where_y_is_written(name, portable, m):
+    """activation 1: QuickGELU of (x @ W^T + bias) within float32 rounding of float64 QuickGELU of the float64
+    product; on the fast path bit for bit the fd_quick_gelu op on the op's plain output (the same vector
+    operations; the portable path's scalar exp may differ from them in the last bit)."""
+    kind = KINDS[name]
+    rng = np.random.default_rng(m)
+    w, x = random_weight(rng, 130, 256), rng.standard_normal((m, 256)).astype(np.float32)
+    bias = paddle.to_tensor(rng.standard_normal(130).astype(np.float32))
+    packed, xt = paddle.to_tensor(pack(w, kind)), paddle.to_tensor(x)
+    plain = compiled("fd_packed_linear")(xt, packed, bias, kind, 130, portable, 0)
+    fused = compiled("fd_packed_linear")(xt, packed, bias, kind, 130, portable, 1).numpy()
+    if not portable:
+        np.testing.assert_array_equal(fused, compiled("fd_quick_gelu")(plain).numpy())
+    values, scale = weights_of(w, kind)
+    ref = quick_gelu64((round_bf16(x) @ values.T) * scale + bias.numpy())
+    np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_linear_activation_for_the_dense_method_and_an_unknown_name():
+    """Linear(activation="quick_gelu") on the dense method: QuickGELU of x @ W + b; another name is a
+    ValueError naming the allowed ones."""
+    rng = np.random.default_rng(5)
+    w, b = random_weight(rng, 48, 64), rng.standard_normal(48).astype(np.float32)
+    layer = Linear(64, {None: 48}, True, UnquantizedLinearMethod(), activation="quick_gelu")
+    layer.weight_loader(layer.weight, w, None)
+    layer.weight_loader(layer.bias, b, None)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    ref = quick_gelu64(x.astype(np.float64) @ w.T.astype(np.float64) + b)
+    np.testing.assert_allclose(layer(paddle.to_tensor(x)).numpy(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"activation must be one of \[None, 'quick_gelu'\], got 'gelu'"):
+        Linear(64, {None: 48}, True, UnquantizedLinearMethod(), activation="gelu")
 
 
 def test_fast_and_portable_paths_agree_on_a_large_call():
@@ -125,8 +167,8 @@ def test_fast_and_portable_paths_agree_on_a_large_call():
     w, x = random_weight(rng, 300, 512), rng.standard_normal((70, 512)).astype(np.float32)
     for kind in KINDS.values():
         packed = paddle.to_tensor(pack(w, kind))
-        fast = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, False).numpy()
-        portable = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, True).numpy()
+        fast = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, False, 0).numpy()
+        portable = compiled("fd_packed_linear")(paddle.to_tensor(x), packed, NO_BIAS, kind, 300, True, 0).numpy()
         np.testing.assert_allclose(fast, portable, rtol=1e-4, atol=1e-4 * np.abs(portable).max())
 
 
@@ -146,10 +188,12 @@ def test_embedding_rows_are_the_stored_values(name):
 def test_a_wrong_weight_or_bias_size_is_an_error_naming_the_sizes():
     x = paddle.ones([1, 128])
     with pytest.raises(Exception, match="does not hold 64 x 128"):
-        compiled("fd_packed_linear")(x, paddle.zeros([10], "uint8"), NO_BIAS, BF16, 64, False)
+        compiled("fd_packed_linear")(x, paddle.zeros([10], "uint8"), NO_BIAS, BF16, 64, False, 0)
     weight = paddle.to_tensor(pack(np.ones((64, 128), np.float32), BF16))
     with pytest.raises(Exception, match=r"bias must be float32 \[64\] or empty, got 63 values"):
-        compiled("fd_packed_linear")(x, weight, paddle.zeros([63]), BF16, 64, False)
+        compiled("fd_packed_linear")(x, weight, paddle.zeros([63]), BF16, 64, False, 0)
+    with pytest.raises(Exception, match=r"activation must be 0 \(none\) or 1 \(quick_gelu\), got 2"):
+        compiled("fd_packed_linear")(x, weight, NO_BIAS, BF16, 64, False, 2)
 
 
 def test_linear_method_packs_shards_and_falls_back_where_the_shape_does_not_fit():

@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.parameters import check_shape, empty_parameter
+from fastdeploy.model_executor.ops.activation import quick_gelu
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
 
@@ -34,7 +35,8 @@ class LinearMethod:
         raise NotImplementedError
 
     def apply(self, layer: "Linear", x: paddle.Tensor) -> paddle.Tensor:
-        """x [n, in] float32 -> x @ W + b [n, out] float32 (b: the layer's bias, when it has one)."""
+        """x [n, in] float32 -> act(x @ W + b) [n, out] float32 (b: the layer's bias, when it has one; act:
+        its activation, when it has one)."""
         raise NotImplementedError
 
     def operand(self, layer: "Linear", rows: int) -> tuple[paddle.Tensor, int]:
@@ -56,17 +58,23 @@ class UnquantizedLinearMethod(LinearMethod):
         copy_transposed(np.from_dlpack(layer.weight)[:, start:end], loaded)
 
     def apply(self, layer: "Linear", x: paddle.Tensor) -> paddle.Tensor:
-        return with_bias(layer, paddle.matmul(x, layer.weight))  # [n, in] @ [in, out]
+        return epilogue(layer, paddle.matmul(x, layer.weight))  # [n, in] @ [in, out]
 
     def operand(self, layer: "Linear", rows: int) -> tuple[paddle.Tensor, int]:
         return layer.weight, 0
 
 
-def with_bias(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
-    """y [n, out], a product the caller owns, plus the layer's bias when it has one (for a method whose
-    kernel does not add it), in place: Paddle's `y + b` would write a new tensor, a slower second pass
-    (benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups; the bias where y is written")."""
-    return y if layer.bias is None else y.add_(layer.bias)
+ACTIVATIONS = (None, "quick_gelu")  # a Linear's `activation`: none, or ops/activation.py quick_gelu
+
+
+def epilogue(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
+    """y [n, out], a product the caller owns, plus the layer's bias when it has one, then its activation
+    (for a method whose kernel does neither). The bias in place: Paddle's `y + b` would write a new tensor,
+    a slower second pass (benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups; the bias where
+    y is written")."""
+    if layer.bias is not None:
+        y = y.add_(layer.bias)
+    return quick_gelu(y) if layer.activation == "quick_gelu" else y
 
 
 class QuantConfig:
@@ -83,12 +91,17 @@ def select_linear_method(quant_config: Optional[QuantConfig], checkpoint_names: 
 
 
 class Linear(paddle.nn.Layer):
-    """y = x @ W (+ b). shard_sizes: {shard id: output features}, in output order; one shard with
+    """y = act(x @ W (+ b)). shard_sizes: {shard id: output features}, in output order; one shard with
     id None for a plain (unpacked) layer. Parameters: `weight` (as the method stores it), `bias`
-    [out_features] float32 when `bias`."""
+    [out_features] float32 when `bias`. activation: one of ACTIVATIONS, applied to the output (the packed
+    method does it where its kernel writes y, in the same pass); ValueError for another."""
 
-    def __init__(self, in_features: int, shard_sizes: dict, bias: bool, method: LinearMethod):
+    def __init__(self, in_features: int, shard_sizes: dict, bias: bool, method: LinearMethod,
+                 activation: Optional[str] = None):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+        self.activation = activation
         self.in_features = in_features
         self.shard_ranges = {}
         start = 0

@@ -20,7 +20,7 @@ import paddle
 
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import (Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod,
-                                                     copy_transposed, with_bias)
+                                                     copy_transposed, epilogue)
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.model_loader.quantized import (QuantizedTensor, blocks_from_interleaved,
                                                               interleaved_shape)
@@ -80,7 +80,7 @@ class GGUFLinearMethod(LinearMethod):
         # x: [n, in] -> [n, out]
         weight, qtype = self.operand(layer, x.shape[0])
         y = self._linear(x, weight, qtype, layer.out_features) if qtype else paddle.matmul(x, weight)
-        return with_bias(layer, y)
+        return epilogue(layer, y)
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         if rows < DENSE_FROM_ROWS:

@@ -37,6 +37,7 @@ KIND_IDS = {"bfloat16": BF16, "wint8": WINT8, "wint4": WINT4}
 PANEL = 64  # output features per panel
 INT4_GROUP = 32  # input features per wint4 scale and minimum
 NO_BIAS = paddle.zeros([0], "float32")  # the op's bias input for a layer without one
+ACTIVATION_IDS = {None: 0, "quick_gelu": 1}  # the op's `activation` for a Linear's (layers/linear.py ACTIVATIONS)
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -191,8 +192,9 @@ class PackedLinearMethod(LinearMethod):
         # x: [n, in] -> [n, out]
         if self._dense is not None:
             return self._dense.apply(layer, x)
-        bias = layer.bias if layer.bias is not None else NO_BIAS  # added where the op writes y
-        return self._linear(x, layer.weight, bias, self.kind, layer.out_features, False)
+        bias = layer.bias if layer.bias is not None else NO_BIAS  # added where the op writes y, as the activation
+        activation = ACTIVATION_IDS[layer.activation]
+        return self._linear(x, layer.weight, bias, self.kind, layer.out_features, False, activation)
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         return (layer.weight, 0) if self._dense is not None else (layer.weight, self.kind)

@@ -14,7 +14,8 @@ as transformers' bf16 sdpa) when it is packed (the engine computes in bf16), the
 tiles and head_dim is a multiple of 16 (80 in the real checkpoints). Without AMX (AMD Zen 4) the bf16
 op's register-tile kernel is slower than the float32 op (benchmarks/README.md), so attention stays
 float32 there. The linear layers (patch embed, qkv, proj, fc1, fc2)
-take the engine's linear method (`encoder_linear`): with `dtype="bfloat16"` / `quantization="wint8" |
+take the engine's linear method (`encoder_linear`; fc1 applies quick_gelu itself, a packed fc1 where its
+kernel writes the output): with `dtype="bfloat16"` / `quantization="wint8" |
 "wint4"` they are packed as the text decoder's are (layers/quantization/packed.py; a layer whose
 in_features the kind cannot take, e.g. the patch embed's 588 under wint4, stays float32); activations
 stay float32 between ops.
@@ -27,14 +28,13 @@ import paddle
 import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.model_executor.layers.linear import (Linear, QuantConfig, UnquantizedLinearMethod, select_linear_method,
-                                                     with_bias)
+from fastdeploy.model_executor.layers.linear import (Linear, QuantConfig, UnquantizedLinearMethod, epilogue,
+                                                     select_linear_method)
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.layers.quantization.weight_format import cpu_has_amx_bf16
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
 from fastdeploy.model_executor.models.ernie4_5_vl.mrope import rotation_tables
-from fastdeploy.model_executor.ops.activation import quick_gelu
 from fastdeploy.model_executor.ops.rotary_embedding import rotary_embedding_
 from fastdeploy.model_executor.ops.vision_attention import vision_attention, vision_attention_bf16
 from fastdeploy.platforms.cpu import is_amd_cpu
@@ -50,9 +50,9 @@ class RowBlockedLinearMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         if x.shape[0] <= ROW_BLOCK:
-            return with_bias(layer, paddle.matmul(x, layer.weight))
-        return with_bias(layer, paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
-                                               for i in range(0, x.shape[0], ROW_BLOCK)]))  # [n, in] @ [in, out]
+            return epilogue(layer, paddle.matmul(x, layer.weight))
+        return epilogue(layer, paddle.concat([paddle.matmul(x[i : i + ROW_BLOCK], layer.weight)
+                                              for i in range(0, x.shape[0], ROW_BLOCK)]))  # [n, in] @ [in, out]
 
 
 def linear_method() -> UnquantizedLinearMethod:
@@ -61,12 +61,12 @@ def linear_method() -> UnquantizedLinearMethod:
 
 
 def encoder_linear(in_features: int, out_features: int, quant_config: Optional[QuantConfig], name: str,
-                   bias: bool = True) -> Linear:
+                   bias: bool = True, activation: Optional[str] = None) -> Linear:
     """A vision-tower or resampler Linear for checkpoint tensor `name` (its `.weight`): dense float32
     (`linear_method`) for float32 weights (quant_config None), else the method the engine chose
-    (layers/linear.py select_linear_method), as every text-decoder Linear."""
+    (layers/linear.py select_linear_method), as every text-decoder Linear; `activation` as Linear's."""
     method = linear_method() if quant_config is None else select_linear_method(quant_config, [f"{name}.weight"])
-    return Linear(in_features, {None: out_features}, bias, method)
+    return Linear(in_features, {None: out_features}, bias, method, activation)
 
 
 class LayerNorm(paddle.nn.Layer):
@@ -115,11 +115,12 @@ class VisionAttention(paddle.nn.Layer):
 class VisionMLP(paddle.nn.Layer):
     def __init__(self, hidden: int, intermediate: int, quant_config: Optional[QuantConfig], prefix: str):
         super().__init__()
-        self.fc1 = encoder_linear(hidden, intermediate, quant_config, f"{prefix}.fc1")
+        # quick_gelu applied by fc1 (a packed fc1 in its kernel's pass over the output)
+        self.fc1 = encoder_linear(hidden, intermediate, quant_config, f"{prefix}.fc1", activation="quick_gelu")
         self.fc2 = encoder_linear(intermediate, hidden, quant_config, f"{prefix}.fc2")
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return self.fc2(quick_gelu(self.fc1(x)))
+        return self.fc2(self.fc1(x))
 
 
 class VisionBlock(paddle.nn.Layer):
