@@ -82,15 +82,26 @@ struct Epilogue {
   int64_t activation;
 };
 
+// Panel p's Epilogue: wint8's column scales (packed_linear.h ColumnScales), the bias from column 64 p.
+inline Epilogue EpilogueOf(const uint8_t* w, const Layout& l, int64_t kind, const float* bias, int64_t activation,
+                           int64_t p) {
+  return {ColumnScales(w, l, kind, p), bias ? bias + p * kPanel : nullptr, activation};
+}
+
+// Column c of a panel's sums as y holds it (the portable path's; Finish below is the vector one).
+inline float FinishOne(float sum, const Epilogue& out, int64_t c) {
+  const float product = out.scale ? sum * out.scale[c] : sum;
+  const float biased = out.bias ? product + out.bias[c] : product;
+  return out.activation == kQuickGelu ? fd_cpu::QuickGelu(biased) : biased;
+}
+
 // ---- portable path ---------------------------------------------------------------------------------
 void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, const Layout& l, int64_t kind,
-                   int64_t p, int64_t N, const float* bias, int64_t activation, float* y,
-                   std::vector<float>& tile) {
+                   int64_t p, int64_t N, const Epilogue& out, float* y, std::vector<float>& tile) {
   tile.resize(K * kPanel);  // [K, 64] float32 values of this panel
   for (int64_t k2 = 0; k2 < l.k2; ++k2)
     for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
       tile[(2 * k2 + lane % 2) * kPanel + lane / 2] = PackedValue(w, l, kind, p, k2, lane);
-  const float* scale = ColumnScales(w, l, kind, p);
   const int64_t cols = std::min(kPanel, N - p * kPanel);
   float acc[kPanel];
   for (int64_t m = 0; m < M; ++m) {
@@ -101,11 +112,7 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
 #pragma omp simd
       for (int64_t c = 0; c < kPanel; ++c) acc[c] += xv * row[c];
     }
-    for (int64_t c = 0; c < cols; ++c) {
-      const float product = scale ? acc[c] * scale[c] : acc[c];
-      const float biased = bias ? product + bias[p * kPanel + c] : product;
-      y[m * N + p * kPanel + c] = activation == kQuickGelu ? fd_cpu::QuickGelu(biased) : biased;
-    }
+    for (int64_t c = 0; c < cols; ++c) y[m * N + p * kPanel + c] = FinishOne(acc[c], out, c);
   }
 }
 
@@ -286,7 +293,7 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
   for (int64_t p = next++; p < l.panels; p = next++) {
     const uint8_t* panel = w + p * l.panel_bytes;
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
-    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr, activation};
+    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
     const int64_t cols = std::min(kPanel, N - p * kPanel);
     float* yp = y + p * kPanel;
     if (KIND == kWint8 && M == 1) {
@@ -402,7 +409,8 @@ void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, f
   for (int j = 0; j < 4; ++j) masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
   for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
     for (int j = 0; j < 4; ++j)
-      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]));
+      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j],
+                            Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]));
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
@@ -440,7 +448,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
       AmxManyRows(xb + r0 * ldx, ldx, block_rows, panel, steps, acc);
     else
       for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
-    const Epilogue out{KIND == kWint8 ? panel_scales : nullptr, bias ? bias + p * kPanel : nullptr, activation};
+    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
     StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
   }
   _tile_release();
@@ -522,7 +530,8 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
 #endif
     } else {
       std::vector<float> tile;
-      for (int64_t p = next++; p < l.panels; p = next++) PortablePanel(xb, M, K, wd, l, kind, p, N, bd, activation, yd, tile);
+      for (int64_t p = next++; p < l.panels; p = next++)
+        PortablePanel(xb, M, K, wd, l, kind, p, N, EpilogueOf(wd, l, kind, bd, activation, p), yd, tile);
     }
   }
   return {y};
