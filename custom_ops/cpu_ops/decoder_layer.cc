@@ -78,7 +78,7 @@ std::vector<paddle::Tensor> DecoderLayers(
     if (q_norms[l].numel() != 0) QkRmsNorm(qkv, q_norms[l], k_norms[l], num_heads, num_kv_heads, eps);
     RotaryEmbedding(qkv, positions, cos, sin_signed, num_heads, num_kv_heads, head_dim);
     auto attn = AppendAttention(qkv, key_caches[l], value_caches[l], slot_mapping, cu_seqlens_q, seq_lens_decoder,
-                                block_tables, num_heads, scale)[0];
+                                block_tables, num_heads, scale, 0)[0];
     normed = FusedAddRmsNorm(TypedLinear(attn, o_weights[l], o_biases[l], qt[1], hidden_size), normed[1],
                              post_norms[l], eps);
     if (experts_per_layer[l] > 0) {

@@ -46,12 +46,12 @@ using fd_sampling::RowMax;
 
 constexpr int64_t kBlock = 1024;            // token-id-order draw: block sums first
 constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of p_max
-// Logits in a batch worth running rows on several threads. Measured on 2 shared cores (other
-// processes running): in the engine (SmolLM2, 32 x 49152) two threads took 1.6 ms per greedy step and
-// 4.0 ms per temperature-1 step against 1.0 and 2.3 ms on one, and at 128 x 131072 50 ms against
-// 20 ms. So decode batches stay on one thread; batches of 2^24 logits and more, where free cores
-// would pay, use the others.
-constexpr int64_t kParallelWork = int64_t(1) << 24;
+// Logits in a batch worth running rows on several threads (2^20: 4 MB of float32). On 2 shared cores
+// with other processes running, two threads were slower (SmolLM2's 32 x 49152: 1.6 ms per greedy step
+// against 1.0 on one), so this was 2^24; on a quiet Intel Xeon (2 vCPU) ERNIE-4.5-0.3B's 32 x 103424
+// greedy rows take 0.35 ms on two threads against numpy's 0.49 ms on one (benchmarks/README.md,
+// "Decode attention on AMX tiles").
+constexpr int64_t kParallelWork = int64_t(1) << 20;
 
 // The first index of the maximum in one pass: the maximum of each chunk of 256 (vectorised), the
 // first chunk holding the row's maximum, then a scan of that chunk. 0 for a row of NaNs.

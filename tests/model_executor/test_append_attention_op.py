@@ -12,7 +12,9 @@ bf16 caches: the same steps with the history held in bf16; the reference attends
 (widened exactly) and this step's K/V rounded to the nearest bf16, ties to even (`round_bf16`: numpy's
 own round-half-to-even on the 8-bit significand, independent of the engine's bit arithmetic). The
 caches after the write must hold exactly those roundings; the outputs get float32's tolerance, since
-widening is exact and the arithmetic is float32 on both.
+widening is exact and the arithmetic is float32 on both. (The op's AMX decode kernel multiplies bf16
+pairs: it splits each float32 operand into three bf16 parts, whose products are exact in float32, so it
+is held to the same tolerance; `kernel=1` runs the FMA kernels on the same steps.)
 """
 import numpy as np
 import paddle
@@ -158,6 +160,34 @@ def test_shim_matches_reference_with_a_custom_scale(forced):
     assert_matches(got, cache, expected)
 
 
+@pytest.mark.parametrize("kernel", [0, 1])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(16, 2, 128, 64), (9, 3, 64, 16), (4, 1, 32, 20),
+                                                                (34, 2, 64, 16), (4, 4, 48, 4)])
+def test_both_decode_kernels_match_reference(kernel, heads, kv_heads, head_dim, block_size):
+    """The op's decode kernels over a bf16 cache (0: AMX tiles where Linux grants them, else as 1: the FMA
+    kernels) on decodes of odd and even lengths that end inside, at and past block boundaries, beside
+    prefills: ERNIE-4.5-0.3B's GQA (16 / 2 x 128), a block size no multiple of 16, 17 query heads per KV
+    head (over a tile's 16: the FMA kernels) and head_dim 48 (no multiple of 32: the FMA kernels)."""
+    rng = np.random.default_rng(kernel * 100 + heads + block_size)
+    steps = [(h, 1) for h in (0, 1, 2, 14, 15, 16, 31, 62, 63, 64, 65, 126, 200)] + [(0, 7), (30, 9)]
+    cache, meta, qkv = make_step(rng, heads, kv_heads, head_dim, steps, "bfloat16", block_size)
+    expected = reference(cache, meta, qkv, heads, head_dim**-0.5)
+    index = [paddle.to_tensor(a) for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
+                                            meta.block_tables)]
+    got = append_attention(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *index, heads,
+                           head_dim**-0.5, kernel)
+    assert_matches(got, cache, expected)
+
+
+def test_op_rejects_an_unknown_kernel():
+    rng = np.random.default_rng(23)
+    cache, meta, qkv = make_step(rng, 4, 2, 64, [(20, 1)], "bfloat16")
+    args = [paddle.to_tensor(a) for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
+                                          meta.block_tables)]
+    with pytest.raises(OSError, match="kernel must be 0"):
+        compiled_op("append_attention")(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *args, 4, 0.125, 2)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("block_size", [4, 20])
 def test_block_sizes_not_a_multiple_of_16(block_size, dtype):
@@ -222,7 +252,7 @@ def test_op_rejects_caches_of_other_dtypes_naming_the_allowed_ones(key_dtype, va
     args = [paddle.to_tensor(a) for a in (meta.slot_mapping, meta.cu_seqlens_q, meta.seq_lens_decoder,
                                           meta.block_tables)]
     with pytest.raises(OSError, match="both be float32, or both bf16"):
-        compiled_op("append_attention")(paddle.to_tensor(qkv), key, value, *args, 4, 0.125)
+        compiled_op("append_attention")(paddle.to_tensor(qkv), key, value, *args, 4, 0.125, 0)
     with pytest.raises(ValueError, match="both be float32 or both bf16"):
         KVCache.of(key, value)
 
@@ -242,7 +272,7 @@ def test_op_rejects_bad_indices(field, value, message):
     arrays[field].reshape(-1)[-1 if field == "cu_seqlens_q" else 0] = value
     args = [paddle.to_tensor(arrays[k]) for k in ("slot_mapping", "cu_seqlens_q", "seq_lens_decoder", "block_tables")]
     with pytest.raises(OSError, match=message):  # Paddle's type for C++ errors
-        op(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *args, 4, 0.125)
+        op(paddle.to_tensor(qkv), cache.key_tensor, cache.value_tensor, *args, 4, 0.125, 0)
 
 
 @pytest.mark.parametrize("forced", [False, True])

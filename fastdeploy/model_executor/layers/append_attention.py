@@ -18,6 +18,9 @@ from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.attention import KVCache, PaddleAttentionBackend, compiled_append_attention
 
 
+KERNEL_BEST = 0  # the op's `kernel` attribute: the fastest this CPU has (tests also run 1, no AMX)
+
+
 @dataclass
 class AppendAttentionInputs:
     """Per-step inputs of the compiled op (int64 tensors sharing memory with ForwardMeta's arrays)."""
@@ -48,7 +51,7 @@ class AppendAttentionBackend:
     def forward(self, qkv: paddle.Tensor, cache: KVCache, meta: AppendAttentionInputs) -> paddle.Tensor:
         # qkv: [num_tokens, (heads + 2 kv_heads) * head_dim] contiguous, RoPE applied -> [num_tokens, heads * head_dim]
         return self.op(qkv, cache.key_tensor, cache.value_tensor, meta.slot_mapping, meta.cu_seqlens_q,
-                       meta.seq_lens_decoder, meta.block_tables, self.num_heads, self.scale)
+                       meta.seq_lens_decoder, meta.block_tables, self.num_heads, self.scale, KERNEL_BEST)
 
 
 def select_attention_backend(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,

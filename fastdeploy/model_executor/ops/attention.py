@@ -14,7 +14,7 @@ from fastdeploy.model_executor.layers.attention import KVCache, PaddleAttentionB
 
 def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: paddle.Tensor,
                      slot_mapping: paddle.Tensor, cu_seqlens_q: paddle.Tensor, seq_lens_decoder: paddle.Tensor,
-                     block_tables: paddle.Tensor, num_heads: int, scale: float) -> paddle.Tensor:
+                     block_tables: paddle.Tensor, num_heads: int, scale: float, kernel: int = 0) -> paddle.Tensor:
     """Attention output [n, num_heads * head_dim] float32; writes K/V into the caches in place.
 
     qkv: [n, (num_heads + 2 kv_heads) * head_dim] contiguous float32, each row q heads | k heads |
@@ -29,6 +29,9 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
     seq_lens_decoder: [bs] int64, tokens of request i already cached before this step.
     block_tables: [bs, max_blocks] int64, -1 padded, covering every position of each request.
     scale: multiplies q.k before the softmax (usually head_dim ** -0.5).
+    kernel: the compiled op's decode kernel over a bf16 cache: 0 the best the CPU has (AMX tiles on
+        float32 operands split into exact bf16 parts, else FMAs), 1 FMAs (tests run both; the Paddle
+        path ignores it).
     Query j of request i sits at position seq_lens_decoder[i] + j and attends keys 0 .. that
     position (softmax(q k^T * scale) v per head; query head h uses KV head h // (num_heads // kv_heads)).
     The compiled op checks shapes, block ids and slots and raises OSError (Paddle's type for C++
@@ -40,7 +43,7 @@ def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: 
     op = compiled_append_attention(head_dim, block_size)
     if op is not None:
         return op(qkv, key_cache, value_cache, slot_mapping, cu_seqlens_q, seq_lens_decoder, block_tables,
-                  num_heads, scale)
+                  num_heads, scale, kernel)
     backend = PaddleAttentionBackend(num_heads, kv_heads, head_dim, block_size, scale)
     cu = cu_seqlens_q.numpy()
     meta = ForwardMeta(seq_lens_this_time=np.diff(cu), seq_lens_decoder=seq_lens_decoder.numpy(), cu_seqlens_q=cu,

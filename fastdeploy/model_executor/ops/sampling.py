@@ -40,10 +40,10 @@ def top_k_top_p_min_p_sampling(logits: np.ndarray, temperature: np.ndarray, top_
     top_p in (0, 1] (1 = off), min_p in [0, 1] (0 = off), uniforms in [0, 1) (the row's draw).
     Reference: `draw.sample_rows` (the rules are in layers/sample/draw.py).
     """
-    if not (temperature > 0).any():  # greedy rows only: one argmax pass, as the op would read them
-        return np.argmax(logits, axis=1).astype(np.int64, copy=False)
-    op = compiled_op("fd_top_k_top_p_min_p_sampling")
+    op = compiled_op("fd_top_k_top_p_min_p_sampling")  # greedy rows too: its rows run on the engine's threads
     if op is None:
+        if not (temperature > 0).any():  # greedy rows only: one argmax pass
+            return np.argmax(logits, axis=1).astype(np.int64, copy=False)
         return sample_rows(logits, temperature, top_k, top_p, min_p, uniforms)
     params = np.stack([temperature, top_k, top_p, min_p, uniforms], axis=1).astype(np.float64)  # [rows, 5]
     return op(as_paddle(logits), as_paddle(params)).numpy()
