@@ -403,14 +403,24 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
   if (rows32 < rows) Amx16Rows(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
 }
 
-// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out.
+// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out. A whole
+// block of kAmxBlockRows rows and 64 columns is written with non-temporal stores (when y's rows are
+// 64-byte aligned): each row's 256 bytes fill their cache lines whole, so they need no read for
+// ownership, and a prefill's y outgrows the caches anyway (benchmarks/README.md, "Decode attention on
+// AMX tiles"). AmxPanels fences them before its threads meet.
 void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy) {
   __mmask16 masks[4];
   for (int j = 0; j < 4; ++j) masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+  const bool stream = M == kAmxBlockRows && cols == kPanel && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
   for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
-    for (int j = 0; j < 4; ++j)
-      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j],
-                            Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]));
+    for (int j = 0; j < 4; ++j) {
+      const __m512 v = Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]);
+      if (stream) {
+        _mm512_stream_ps(y + m * ldy + 16 * j, v);
+      } else {
+        _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], v);
+      }
+    }
 }
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
@@ -451,6 +461,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
     StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
   }
+  _mm_sfence();  // StoreRows' non-temporal stores reach memory before the team's barrier
   _tile_release();
 }
 #endif
