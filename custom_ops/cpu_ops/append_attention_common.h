@@ -8,6 +8,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #ifdef __AVX512F__
@@ -56,8 +57,21 @@ struct Inputs {
 struct Scratch {
   std::vector<float> floats;
   std::vector<int32_t> offsets;
-  std::vector<Bf16> halves;  // the AMX decode's bf16 operands
   bool tiles = false;  // this thread's AMX tiles are configured (released when its items are done)
+
+  // The AMX decode's bf16 operands: at least n values, not initialised (a long context's value pairs
+  // are megabytes, every one written before it is read).
+  Bf16* Halves(int64_t n) {
+    if (n > halves_size) {
+      halves.reset(new Bf16[n]);
+      halves_size = n;
+    }
+    return halves.get();
+  }
+
+ private:
+  std::unique_ptr<Bf16[]> halves;
+  int64_t halves_size = 0;
 };
 
 // One work item: query tokens first .. first + count - 1 of `request` against KV head `kv_head`.

@@ -374,8 +374,8 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, Scra
   float* sT = Align64(scratch.floats.data());  // [rows, 16] scores, then probabilities
   float* o = sT + rows * kAmxHeads;             // [16, dim]
   float* q = o + kAmxHeads * dim;               // [group, dim] scaled
-  scratch.halves.resize(kParts * dim * kAmxHeads + chunks * kParts * 16 * 32 + rows * dim + 33 * dim + 32);
-  Bf16* qT = Align64(scratch.halves.data());  // [3][dim / 2, 16, 2]
+  const int64_t halves = kParts * dim * kAmxHeads + chunks * kParts * 16 * 32 + rows * dim + 33 * dim + 32;
+  Bf16* qT = Align64(scratch.Halves(halves));  // [3][dim / 2, 16, 2]
   Bf16* pT = qT + kParts * dim * kAmxHeads;   // [chunks][3][16, 16, 2]
   Bf16* vb = pT + chunks * kParts * 16 * 32;  // [rows / 2, dim, 2]
   Bf16* staging = vb + rows * dim;            // [32, dim]
