@@ -146,7 +146,8 @@ void DecodeScores(const float* q, int64_t group, const Cache* keys, int64_t firs
 constexpr int64_t kAmxHeads = 16;  // query heads of one KV head the AMX path takes (a tile's rows / columns)
 constexpr int kParts = 3;          // bf16 parts of a float32 value: 3 x 8 significant bits
 
-// x = hi + mid + lo exactly (each bf16, nearest even; a float32 significand has 24 bits).
+// x = hi + mid + lo exactly (each bf16, nearest even; a float32 significand has 24 bits), but for a
+// remainder below float32's normal range (under 2^-126), which the conversion flushes to zero.
 inline void SplitBf16(Vec x, Vec parts[kParts]) {
   for (int i = 0; i < kParts; ++i) {
     const __m256bh h = _mm512_cvtneps_pbh(x);
