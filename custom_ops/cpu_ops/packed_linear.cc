@@ -336,6 +336,10 @@ constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 
 // rows per block, sized for L2 whatever K, re-read large-K panels more often and were slower:
 // benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups").
 constexpr int64_t kAmxBlockRows = 256, kAmxGroupBytes = 4 << 20;
+// A y of this many bytes or more is stored with non-temporal stores (StoreRows): twice a core's L2, so it
+// is not read back from L2 by the next op anyway (ERNIE-0.3B: a prefill's outputs, a decode batch's
+// logits from 10 rows; not a decode layer's outputs).
+constexpr int64_t kStreamBytes = 4 << 20;
 
 using fd_amx::AmxPermitted;  // amx_tiles.h
 using fd_amx::ConfigureTiles;
@@ -403,15 +407,15 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
   if (rows32 < rows) Amx16Rows(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
 }
 
-// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out. A whole
-// block of kAmxBlockRows rows and 64 columns is written with non-temporal stores (when y's rows are
-// 64-byte aligned): each row's 256 bytes fill their cache lines whole, so they need no read for
-// ownership, and a prefill's y outgrows the caches anyway (benchmarks/README.md, "Decode attention on
-// AMX tiles"). AmxPanels fences them before its threads meet.
-void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy) {
+// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out. `stream`
+// (a y of kStreamBytes or more: a prefill's, a batch's logits): a whole panel's rows go out with
+// non-temporal stores (when y's rows are 64-byte aligned): each row's 256 bytes fill their cache lines
+// whole, so they need no read for ownership, and such a y outgrows the cores' L2 anyway
+// (benchmarks/README.md, "Decode attention on AMX tiles"). AmxPanels fences them before its threads meet.
+void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy, bool stream) {
   __mmask16 masks[4];
   for (int j = 0; j < 4; ++j) masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-  const bool stream = M == kAmxBlockRows && cols == kPanel && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
+  stream = stream && cols == kPanel && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
   for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
     for (int j = 0; j < 4; ++j) {
       const __m512 v = Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]);
@@ -437,6 +441,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
   const int64_t block = many ? kAmxBlockRows : rows, blocks = (rows + block - 1) / block, items = blocks * l.panels;
   const int64_t group = many ? std::clamp<int64_t>(kAmxGroupBytes / (ldx * 2 * kPanel), 1, l.panels) : l.panels;
   const bool copy = KIND != kBf16 || 2 * K2 != ldx;
+  const bool stream = M * N * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;  // StoreRows
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
   std::unique_ptr<float[]> acc_buffer(new float[block * kPanel + 16]);  // written before it is read
   uint16_t* bf16_panel = Align64(bf16_buffer.data());  // [ldx / 2 pairs, 128]
@@ -459,7 +464,8 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
     else
       for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
-    StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N);
+    StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N,
+              stream);
   }
   _mm_sfence();  // StoreRows' non-temporal stores reach memory before the team's barrier
   _tile_release();

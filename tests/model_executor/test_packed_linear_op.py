@@ -73,10 +73,11 @@ K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (16, 64, 130), (17, 130, 208), (33,
 # values (8 steps of 32), 32-row blocks then one of 16. M = 65: one block, a 16-row tail; 257 at K = 4000: a
 # full block and a 16-row one, K's last chunk 5 steps; 1000 at K = 1312: the last block partial, K's last
 # chunk one step; K = 4002 (not a multiple of 32): a zero padded last step; 272 x 586 at K = 8192: groups of
-# 4 panels, the last of 2. Whole 256-row blocks of whole panels are stored non-temporally where y's rows are
-# 64-byte aligned (N a multiple of 16): 600 x 192, two such blocks and a partial one, and 512 x 208, two
-# blocks whose last panel is partial.
-MANY_ROW_SHAPES = [(65, 70, 256), (257, 130, 4000), (1000, 200, 1312), (600, 192, 320), (512, 208, 256)]
+# 4 panels, the last of 2. A y of 4 MiB or more is stored non-temporally, whole panels where its rows are
+# 64-byte aligned (N a multiple of 16): 5500 x 192 (two 256-row blocks and a partial one), 4100 x 272 (the
+# last panel partial), and 32 x 32768 (a decode batch's logits: one block of 32 rows).
+MANY_ROW_SHAPES = [(65, 70, 256), (257, 130, 4000), (1000, 200, 1312), (5500, 192, 64), (4100, 272, 64),
+                   (32, 32768, 64)]
 MANY_ROW_K_TAIL_SHAPES = [(300, 70, 4002), (272, 586, 8192)]
 
 
