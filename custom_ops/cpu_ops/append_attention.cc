@@ -107,13 +107,17 @@ void Attend(const Inputs<Cache>& in, const Geometry& g, const int64_t* slots, in
 #pragma omp parallel if (fmas > kParallelFmas)
   {
     Scratch scratch;
-    for (int64_t i = next++; i < count; i = next++) {
+    // each thread claims its next item before it runs this one, so that a decode item can prefetch the
+    // next one's first K rows while its own P.V runs from cache
+    for (int64_t i = next++; i < count;) {
+      const int64_t following = next++;
       const Item& item = items[i];
       if (in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1) {
-        DecodeItem(in, g, item, scratch);
+        DecodeItem(in, g, item, following < count ? &items[following] : nullptr, scratch);
       } else {
         PrefillItem(in, g, item, scratch);
       }
+      i = following;
     }
 #ifdef FD_AMX
     if (scratch.tiles) _tile_release();

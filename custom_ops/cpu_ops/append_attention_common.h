@@ -154,7 +154,8 @@ void AccumulateValues(const float* p, int64_t key_stride, int64_t row_stride, in
 // append_attention_decode.cc: one query token of a request, the `group` heads of one KV head
 // (instantiated there for float and Bf16 caches).
 template <typename Cache>
-void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Scratch& scratch);
+void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, const Item* following,
+                Scratch& scratch);
 
 // append_attention_prefill.cc: a tile of a request's query tokens (x group heads) against one KV head.
 template <typename Cache>

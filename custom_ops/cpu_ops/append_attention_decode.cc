@@ -13,6 +13,7 @@
 //     probabilities' and the value rows' key pairs.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "amx_tiles.h"
@@ -325,9 +326,10 @@ void PackValuePairs(const Inputs<Bf16>& in, const Geometry& g, const int64_t* bl
 }
 
 // o [16, dim] columns d0 .. d0 + 16 N - 1 = P . V over `chunks` chunks of 32 keys: N accumulator tiles,
-// the three parts of P in turn.
-template <int N>
-void AmxValueTiles(const Bf16* pT, const Bf16* vb, int64_t chunks, int64_t dim, int64_t d0, float* o) {
+// the three parts of P in turn; hint() once per chunk.
+template <int N, typename Hint>
+void AmxValueTiles(const Bf16* pT, const Bf16* vb, int64_t chunks, int64_t dim, int64_t d0, float* o,
+                   const Hint& hint) {
   static_assert(N == 2 || N == 4, "two or four 16-dim tiles");
   _tile_zero(0);
   _tile_zero(1);
@@ -337,6 +339,7 @@ void AmxValueTiles(const Bf16* pT, const Bf16* vb, int64_t chunks, int64_t dim, 
   }
   const int64_t stride = dim * 2 * sizeof(Bf16);  // a pair row of vb
   for (int64_t c = 0; c < chunks; ++c) {
+    hint();
     const Bf16* p = pT + c * kParts * 16 * 32;
     const Bf16* b = vb + (c * 16 * dim + d0) * 2;
     _tile_loadd(4, p, 64);
@@ -361,8 +364,10 @@ void AmxValueTiles(const Bf16* pT, const Bf16* vb, int64_t chunks, int64_t dim, 
   }
 }
 
-// DecodeItem's AMX path (bf16 cache, head_dim a multiple of 32, group <= 16): out[h] for the item.
-void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, Scratch& scratch) {
+// DecodeItem's AMX path (bf16 cache, head_dim a multiple of 32, group <= 16): out[h] for the item; while
+// its P.V tiles run, the first K rows of `following` (this thread's next item, if a decode) are prefetched.
+void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, const Item* following,
+               Scratch& scratch) {
   const int64_t dim = g.head_dim, group = g.group, token = in.cu_seqlens[item.request];
   const int64_t context = in.history[item.request] + 1;
   const int64_t* blocks = in.block_tables + item.request * g.max_blocks;
@@ -409,11 +414,19 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, Scra
   const int64_t value_lines = ahead.LinesPerCall(kLanes / 2);
   PackValuePairs(in, g, blocks, item.kv_head, context, rows / 2, zero_row, vb,
                  [&](int64_t t) { ahead.Ahead(context + t + kLanes, value_lines); });
+  std::optional<RowPrefetcher<Bf16>> upcoming;  // the following item's K rows, if it is a decode
+  if (following != nullptr && in.cu_seqlens[following->request + 1] - in.cu_seqlens[following->request] == 1)
+    upcoming.emplace(in, g, in.block_tables + following->request * g.max_blocks, following->kv_head,
+                     in.history[following->request] + 1);
+  const int64_t upcoming_lines = ahead.LinesPerCall(chunks * ((dim + 4 * kLanes - 1) / (4 * kLanes)));
+  const auto hint = [&] {
+    if (upcoming) upcoming->Ahead(0, upcoming_lines);
+  };
   for (int64_t d0 = 0; d0 < dim; d0 += 4 * kLanes) {
     if (dim - d0 >= 4 * kLanes) {
-      AmxValueTiles<4>(pT, vb, chunks, dim, d0, o);
+      AmxValueTiles<4>(pT, vb, chunks, dim, d0, o, hint);
     } else {
-      AmxValueTiles<2>(pT, vb, chunks, dim, d0, o);  // dim is a multiple of 32
+      AmxValueTiles<2>(pT, vb, chunks, dim, d0, o, hint);  // dim is a multiple of 32
     }
   }
   float* out = in.out + token * g.num_heads * dim + item.kv_head * group * dim;
@@ -428,11 +441,12 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, Scra
 
 // One query token of request i, the `group` heads of KV head h: scores, exact softmax, P.V.
 template <typename Cache>
-void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Scratch& scratch) {
+void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, const Item* following,
+                Scratch& scratch) {
 #ifdef FD_AMX
   if constexpr (std::is_same_v<Cache, Bf16>) {
     if (g.kernel == kBest && g.head_dim % (2 * kLanes) == 0 && g.group <= kAmxHeads) {
-      DecodeAmx(in, g, item, scratch);
+      DecodeAmx(in, g, item, following, scratch);
       return;
     }
   }
@@ -490,7 +504,7 @@ void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, Sc
   }
 }
 
-template void DecodeItem(const Inputs<float>&, const Geometry&, const Item&, Scratch&);
-template void DecodeItem(const Inputs<Bf16>&, const Geometry&, const Item&, Scratch&);
+template void DecodeItem(const Inputs<float>&, const Geometry&, const Item&, const Item*, Scratch&);
+template void DecodeItem(const Inputs<Bf16>&, const Geometry&, const Item&, const Item*, Scratch&);
 
 }  // namespace fd_attention
