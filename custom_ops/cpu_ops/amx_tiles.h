@@ -1,7 +1,19 @@
-// AMX tile state shared by the ops that use AMX-BF16 (packed_linear.cc, vision_attention_bf16.cc): the
-// kernel's permission and the tile configuration. Compiled only where the compiler targets AMX-BF16 on
-// Linux (FD_AMX is then defined).
+// AMX tile state shared by the ops that use AMX-BF16 (packed_linear.cc, vision_attention_bf16.cc,
+// append_attention_decode.cc): the kernel's permission and the tile configuration, compiled only where the
+// compiler targets AMX-BF16 on Linux (FD_AMX is then defined); and, in every build, Align64 for the
+// buffers those ops' tiles and vectors load.
 #pragma once
+#include <cstdint>
+
+namespace fd_cpu {
+// The first 64-byte boundary at or after p (of a buffer allocated 64 bytes longer): tile rows and vector
+// loads then never straddle two cache lines.
+template <class T>
+T* Align64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+}  // namespace fd_cpu
+
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define FD_AMX 1
 #include <immintrin.h>

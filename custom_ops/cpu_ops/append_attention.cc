@@ -112,7 +112,7 @@ void Attend(const Inputs<Cache>& in, const Geometry& g, const int64_t* slots, in
     for (int64_t i = next++; i < count;) {
       const int64_t following = next++;
       const Item& item = items[i];
-      if (in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1) {
+      if (IsDecode(in, item)) {
         DecodeItem(in, g, item, following < count ? &items[following] : nullptr, scratch);
       } else {
         PrefillItem(in, g, item, scratch);

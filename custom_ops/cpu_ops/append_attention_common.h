@@ -80,6 +80,12 @@ struct Item {
   int64_t fmas;  // multiply-adds of both products, for scheduling
 };
 
+// A decode item: its request has one new token this step.
+template <typename Cache>
+inline bool IsDecode(const Inputs<Cache>& in, const Item& item) {
+  return in.cu_seqlens[item.request + 1] - in.cu_seqlens[item.request] == 1;
+}
+
 template <typename Cache>
 inline const float* QueryRow(const Inputs<Cache>& in, const Geometry& g, int64_t token, int64_t head) {
   return in.qkv + token * g.qkv_width + head * g.head_dim;

@@ -22,9 +22,24 @@
 namespace fd_attention {
 namespace {
 
-template <typename T>
-T* Align64(T* p) {
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+using fd_cpu::Align64;  // amx_tiles.h
+
+// q [group, dim] = the item's query heads times the scale.
+template <typename Cache>
+void ScaledQuery(const Inputs<Cache>& in, const Geometry& g, const Item& item, float* q) {
+  const float* q_in = QueryRow(in, g, in.cu_seqlens[item.request], item.kv_head * g.group);
+  for (int64_t i = 0; i < g.group * g.head_dim; ++i) q[i] = q_in[i] * g.scale;
+}
+
+// The item's output rows = o[h] / sums[h] (o [>= group, dim]).
+template <typename Cache>
+void StoreOutput(const Inputs<Cache>& in, const Geometry& g, const Item& item, const float* o, const float* sums) {
+  const int64_t dim = g.head_dim;
+  float* out = in.out + in.cu_seqlens[item.request] * g.num_heads * dim + item.kv_head * g.group * dim;
+  for (int64_t h = 0; h < g.group; ++h) {
+    const float inv = 1.f / sums[h];
+    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] = o[h * dim + d] * inv;
+  }
 }
 
 // Software prefetch for one decode item, spread over its work: the kernels call Ahead every few
@@ -193,10 +208,10 @@ inline void Transpose16x16(__m512i r[16]) {
   }
 }
 
-// Two float32 vectors of bf16 values as 16 bf16 pairs (a[i], b[i]).
-inline __m512i PairUp(Vec a, Vec b) {
+// Two float32 vectors of bf16 values as 16 bf16 pairs (a[i], b[i]); index: PairIndex(0, 16).
+inline __m512i PairUp(Vec a, Vec b, __m512i index) {
   const __m512bh both = _mm512_cvtne2ps_pbh(b, a);  // lanes 0-15 a, 16-31 b (exact: bf16 values)
-  return _mm512_permutexvar_epi16(PairIndex(0, 16), reinterpret_cast<const __m512i&>(both));
+  return _mm512_permutexvar_epi16(index, reinterpret_cast<const __m512i&>(both));
 }
 
 // Two float32 vectors of bf16 values as 32 consecutive bf16 (a's 16, then b's).
@@ -284,6 +299,7 @@ void AmxBlockScores(const Bf16* qT, const Bf16* keys, int64_t count, int64_t blo
 // (p[2 i], p[2 i + 1]); keys past the context zero. sT: [.., 16] probabilities, rows < context.
 void PackProbabilityPairs(const float* sT, int64_t context, int64_t chunks, Bf16* pT) {
   const Vec zero = Splat(0.f);
+  const __m512i pairs = PairIndex(0, 16);
   for (int64_t c = 0; c < chunks; ++c) {
     __m512i r[kParts][16];
     for (int64_t i = 0; i < 16; ++i) {  // row i: key pair i of the chunk, lane h its two probabilities
@@ -291,7 +307,7 @@ void PackProbabilityPairs(const float* sT, int64_t context, int64_t chunks, Bf16
       Vec a[kParts], b[kParts];
       SplitBf16(t < context ? Load(sT + t * kAmxHeads) : zero, a);
       SplitBf16(t + 1 < context ? Load(sT + (t + 1) * kAmxHeads) : zero, b);
-      for (int j = 0; j < kParts; ++j) r[j][i] = PairUp(a[j], b[j]);
+      for (int j = 0; j < kParts; ++j) r[j][i] = PairUp(a[j], b[j], pairs);
     }
     for (int j = 0; j < kParts; ++j) {
       Transpose16x16(r[j]);
@@ -368,7 +384,7 @@ void AmxValueTiles(const Bf16* pT, const Bf16* vb, int64_t chunks, int64_t dim, 
 // its P.V tiles run, the first K rows of `following` (this thread's next item, if a decode) are prefetched.
 void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, const Item* following,
                Scratch& scratch) {
-  const int64_t dim = g.head_dim, group = g.group, token = in.cu_seqlens[item.request];
+  const int64_t dim = g.head_dim, group = g.group;
   const int64_t context = in.history[item.request] + 1;
   const int64_t* blocks = in.block_tables + item.request * g.max_blocks;
   const int64_t chunks = (context + 31) / 32, rows = chunks * 32;  // keys padded to whole 32-key chunks
@@ -389,8 +405,7 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, cons
   std::fill(zero_row, zero_row + dim, Bf16{0});
   RowPrefetcher<Bf16> ahead(in, g, blocks, item.kv_head, context);
   ahead.Ahead(0, ahead.LinesPerCall(1));  // the first 32 K rows
-  const float* q_in = QueryRow(in, g, token, item.kv_head * group);
-  for (int64_t i = 0; i < group * dim; ++i) q[i] = q_in[i] * g.scale;
+  ScaledQuery(in, g, item, q);
   PackQueryPairs(q, group, dim, qT);
   const int64_t score_lines = ahead.LinesPerCall(dim / (2 * kLanes)) * 2;  // per 32 keys
   for (int64_t start = 0; start < context; start += g.block_size) {
@@ -415,7 +430,7 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, cons
   PackValuePairs(in, g, blocks, item.kv_head, context, rows / 2, zero_row, vb,
                  [&](int64_t t) { ahead.Ahead(context + t + kLanes, value_lines); });
   std::optional<RowPrefetcher<Bf16>> upcoming;  // the following item's K rows, if it is a decode
-  if (following != nullptr && in.cu_seqlens[following->request + 1] - in.cu_seqlens[following->request] == 1)
+  if (following != nullptr && IsDecode(in, *following))
     upcoming.emplace(in, g, in.block_tables + following->request * g.max_blocks, following->kv_head,
                      in.history[following->request] + 1);
   const int64_t upcoming_lines = ahead.LinesPerCall(chunks * ((dim + 4 * kLanes - 1) / (4 * kLanes)));
@@ -429,11 +444,7 @@ void DecodeAmx(const Inputs<Bf16>& in, const Geometry& g, const Item& item, cons
       AmxValueTiles<2>(pT, vb, chunks, dim, d0, o, hint);  // dim is a multiple of 32
     }
   }
-  float* out = in.out + token * g.num_heads * dim + item.kv_head * group * dim;
-  for (int64_t h = 0; h < group; ++h) {
-    const float inv = 1.f / sums[h];
-    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] = o[h * dim + d] * inv;
-  }
+  StoreOutput(in, g, item, o, sums);
 }
 #endif
 
@@ -451,7 +462,7 @@ void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, co
     }
   }
 #endif
-  const int64_t dim = g.head_dim, group = g.group, token = in.cu_seqlens[item.request];
+  const int64_t dim = g.head_dim, group = g.group;
   const int64_t context = in.history[item.request] + 1;
   const int64_t* blocks = in.block_tables + item.request * g.max_blocks;
   const int64_t stride = context + kLanes;  // room for a last partial 16 (scores or padding)
@@ -463,8 +474,7 @@ void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, co
   float* wide = s + group * stride;  // [16, dim]: bf16 cache rows widened
   RowPrefetcher<Cache> ahead(in, g, blocks, item.kv_head, context);
   ahead.Ahead(0, ahead.LinesPerCall(1));  // the first 32 K rows
-  const float* q_in = QueryRow(in, g, token, item.kv_head * group);
-  for (int64_t i = 0; i < group * dim; ++i) q[i] = q_in[i] * g.scale;
+  ScaledQuery(in, g, item, q);
   for (int64_t start = 0; start < context; start += g.block_size) {
     const Cache* k = BlockRows(in.key_cache, g, blocks[start / g.block_size], item.kv_head);
     DecodeScores(q, group, k, start, std::min(g.block_size, context - start), g.block_size, dim, s + start, stride,
@@ -497,11 +507,7 @@ void DecodeItem(const Inputs<Cache>& in, const Geometry& g, const Item& item, co
       AccumulateValues(s + start + k, 1, stride, group, AsFloats(v + k * dim, slice * dim, wide), slice, dim, o, hint);
     }
   }
-  float* out = in.out + token * g.num_heads * dim + item.kv_head * group * dim;
-  for (int64_t h = 0; h < group; ++h) {
-    const float inv = 1.f / sums[h];
-    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] = o[h * dim + d] * inv;
-  }
+  StoreOutput(in, g, item, o, sums);
 }
 
 template void DecodeItem(const Inputs<float>&, const Geometry&, const Item&, const Item*, Scratch&);

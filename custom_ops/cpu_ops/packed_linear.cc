@@ -56,12 +56,7 @@ using namespace packed;
 constexpr int64_t kParallelMacs = 1 << 17;  // multiply-adds below which one thread is faster
 constexpr int kMaxTileRows = 6;
 
-// The first 64-byte boundary at or after p (of a buffer allocated 64 bytes longer): AMX tile
-// rows then never straddle two cache lines.
-template <class T>
-T* Align64(T* p) {
-  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
-}
+using fd_cpu::Align64;  // amx_tiles.h
 
 // x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row set to zero)
 void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, uint16_t* xb) {

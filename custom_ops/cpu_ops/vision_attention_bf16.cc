@@ -102,15 +102,12 @@ struct Scratch {
   void Reserve(int64_t dim, int64_t dk) {
     qb_raw.assign(kRows * dk + 32, 0);
     p_raw.assign(kRows * kBlock + 32, 0);
-    qb = Align(qb_raw.data());
-    p = Align(p_raw.data());
+    qb = fd_cpu::Align64(qb_raw.data());
+    p = fd_cpu::Align64(p_raw.data());
     s.resize(kRows * kBlock);
     o.resize(kRows * dim);
     m.resize(kRows);
     l.resize(kRows);
-  }
-  static uint16_t* Align(uint16_t* x) {
-    return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(x) + 63) & ~uintptr_t{63});
   }
 };
 
