@@ -15,7 +15,8 @@ from fastdeploy.model_executor.layers.append_attention import KERNEL_BEST
 
 def append_attention(qkv: paddle.Tensor, key_cache: paddle.Tensor, value_cache: paddle.Tensor,
                      slot_mapping: paddle.Tensor, cu_seqlens_q: paddle.Tensor, seq_lens_decoder: paddle.Tensor,
-                     block_tables: paddle.Tensor, num_heads: int, scale: float, kernel: int = KERNEL_BEST) -> paddle.Tensor:
+                     block_tables: paddle.Tensor, num_heads: int, scale: float,
+                     kernel: int = KERNEL_BEST) -> paddle.Tensor:
     """Attention output [n, num_heads * head_dim] float32; writes K/V into the caches in place.
 
     qkv: [n, (num_heads + 2 kv_heads) * head_dim] contiguous float32, each row q heads | k heads |
