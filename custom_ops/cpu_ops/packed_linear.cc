@@ -324,6 +324,7 @@ constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W stre
 // side by side, Intel Xeon with AMX"). Above, prefill: AmxManyRows, bound by the traffic from L2 to L1
 // rather than by `tdpbf16ps`, so blocked for L1 (K in chunks), L2 (x in blocks of rows) and L3 (panel groups).
 constexpr int64_t kAmxManyRowsFrom = 64;
+constexpr int64_t kAmxPrefetchBytes = 6144;  // Amx16Rows' prefetch distance in W (1.5 steps)
 constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 values, 32 KB of a bf16 panel
 // Above kAmxManyRowsFrom rows a work item is (block of 256 rows of x, panel), and the panels go in groups of
 // about 4 MB of bf16 W: every block runs over one group before the next group starts, so each panel comes
@@ -340,11 +341,20 @@ using fd_amx::AmxPermitted;  // amx_tiles.h
 using fd_amx::ConfigureTiles;
 
 // acc[16 rows, 64 columns] = x[16 rows] . panel over all `steps` (as Amx32x32): one x tile, the four 16-column
-// groups in turn.
+// groups in turn. STREAM (the pass that reads the panel from memory): every line of the step
+// kAmxPrefetchBytes ahead is prefetched into L1 first. A tile load cannot start before the
+// `tdpbf16ps` that last read its tile register, so without it only the hardware prefetchers keep memory
+// busy (benchmarks/README.md, "Weight stream prefetched").
+template <bool STREAM>
 void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
+  constexpr int64_t kStepBytes = 16 * 128 * sizeof(uint16_t);  // W per step: 16 pairs x 64 columns
+  const char* end = reinterpret_cast<const char*>(panel + steps * 16 * 128);
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
     const uint16_t* w = panel + s * 16 * 128;
+    const char* ahead = reinterpret_cast<const char*>(w) + kAmxPrefetchBytes;
+    if (STREAM && ahead < end)
+      for (int64_t line = 0; line < kStepBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     _tile_loadd(4, x + s * kAmxStepK, ldx * 2);
     _tile_loadd(6, w, 256);
     _tile_loadd(7, w + 32, 256);
@@ -399,7 +409,7 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
           Amx32x32<false>(x + r * ldx, ldx, panel + 64 * half, s0, s1, c);
       }
   }
-  if (rows32 < rows) Amx16Rows(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
+  if (rows32 < rows) Amx16Rows<false>(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
 }
 
 // y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out. `stream`
@@ -457,7 +467,12 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
     if (many)
       AmxManyRows(xb + r0 * ldx, ldx, block_rows, panel, steps, acc);
     else
-      for (int64_t r = 0; r < rows; r += kAmxRows) Amx16Rows(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
+      for (int64_t r = 0; r < rows; r += kAmxRows) {
+        if (r == 0 && !copy)  // the first block streams W from memory, the others find it in L2
+          Amx16Rows<true>(xb, ldx, panel, steps, acc);
+        else
+          Amx16Rows<false>(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
+      }
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
     StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N,
               stream);
