@@ -40,6 +40,9 @@ std::vector<paddle::Tensor> SiluAndMul(const paddle::Tensor& gate_up);
 // typed_linear.cc: y[n, out] = x[n, in] @ W (+ bias) for W dense float32, GGUF blocks or packed (qtype: its id)
 paddle::Tensor TypedLinear(const paddle::Tensor& x, const paddle::Tensor& weight, const paddle::Tensor& bias,
                            int64_t qtype, int64_t out_features);
+// typed_linear.cc: silu(gate) * up [n, intermediate] of an MLP's gate_up projection of x, in its qtype's layout
+paddle::Tensor GateUpSwiGlu(const paddle::Tensor& x, const paddle::Tensor& gate_up, const paddle::Tensor& bias,
+                            int64_t qtype, int64_t intermediate);
 
 // moe.cc: the sparse MoE MLP of x [n, hidden] (router, top-k experts, shared experts) -> [n, hidden]
 struct MoeSpec {

@@ -89,8 +89,7 @@ std::vector<paddle::Tensor> DecoderLayers(
                  gate_up_weights[l], down_weights[l], gate_up_biases[l], down_biases[l], qt[2], qt[3], spec);
       first_expert += experts_per_layer[l];
     } else {
-      auto act = SiluAndMul(TypedLinear(normed[0], gate_up_weights[l], gate_up_biases[l], qt[2],
-                                        2 * mlp_intermediate[l]))[0];
+      auto act = GateUpSwiGlu(normed[0], gate_up_weights[l], gate_up_biases[l], qt[2], mlp_intermediate[l]);
       h = TypedLinear(act, down_weights[l], down_biases[l], qt[3], hidden_size);
     }
     r = normed[1];

@@ -62,8 +62,8 @@ std::vector<std::vector<Routed>> Route(const float* logits, int64_t n, int64_t E
 paddle::Tensor SwigluMlp(const paddle::Tensor& x, const paddle::Tensor& gate_up, const paddle::Tensor& gate_up_bias,
                          int64_t gate_up_qtype, const paddle::Tensor& down, const paddle::Tensor& down_bias,
                          int64_t down_qtype, int64_t intermediate, int64_t hidden) {
-  const paddle::Tensor h = TypedLinear(x, gate_up, gate_up_bias, gate_up_qtype, 2 * intermediate);
-  return TypedLinear(SiluAndMul(h)[0], down, down_bias, down_qtype, hidden);
+  const paddle::Tensor h = GateUpSwiGlu(x, gate_up, gate_up_bias, gate_up_qtype, intermediate);
+  return TypedLinear(h, down, down_bias, down_qtype, hidden);
 }
 }  // namespace
 

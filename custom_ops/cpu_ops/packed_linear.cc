@@ -3,11 +3,18 @@
 //   y[M, N] = act(x[M, K] @ W^T (+ bias))   (W [N, K] in packed_linear.h's layout, kind: packed::kBf16/kWint8/
 //                                             kWint4; bias [N] float32, or zero-size for none; act: `activation`
 //                                             0 none, 1 QuickGELU as vec_exp.h computes it, the fd_quick_gelu op's)
+//   y[M, N] = silu(x @ Wg^T (+ bg)) * (x @ Wu^T (+ bu))   (`activation` 2, SwiGLU: an MLP's gate and up
+//                                             projections, N = the intermediate size; W holds 2 N' rows,
+//                                             N' = N rounded up to 32, so that panel p's 64 columns are gate
+//                                             features 32 p..32 p + 31 then up features 32 p..32 p + 31, zero
+//                                             past N; bias [2 N] as [bg | bu]; silu(g) * u as vec_exp.h's
+//                                             SiluTimes, the fd_silu_and_mul op's)
 //
 // x is rounded to bf16 once per call; each product of two bf16 values is exact in float32 and the sum is
 // float32 (AVX512-BF16's vdpbf16ps, AMX's tdpbf16ps, on CPUs that have them); where y is written, the
 // float32 sums are multiplied by wint8's column scales, the bias added and the activation applied
-// (Epilogue), so a layer with a bias and an activation makes one pass over y, not three. Paths:
+// (Epilogue), so a layer with a bias and an activation makes one pass over y, not three (SwiGLU: an
+// MLP's gate_up writes y once, half as wide, instead of a product then a separate activation pass). Paths:
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
@@ -66,27 +73,52 @@ void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, u
   }
 }
 
-// The op's activations on y (the `activation` attribute).
-constexpr int64_t kNoActivation = 0, kQuickGelu = 1;
+constexpr int64_t kHalfPanel = kPanel / 2;  // SwiGLU: a panel's gate columns, then as many up columns
 
-// What a panel's float32 sums become in y: times wint8's column scales, plus the layer's bias (each
-// nullptr where there is none; else the panel's first column's entry), then the activation.
+// Columns of y one panel writes: 64, or with SwiGLU 32 (its gate and up halves give one column each).
+inline int64_t OutWidth(int64_t activation) { return activation == kSwiGlu ? kHalfPanel : kPanel; }
+
+// Rows of W (output features as packed) for y's N columns.
+inline int64_t WeightRows(int64_t activation, int64_t N) {
+  return activation == kSwiGlu ? 2 * ((N + kHalfPanel - 1) / kHalfPanel * kHalfPanel) : N;
+}
+
+// What a panel's float32 sums become: times wint8's column scales, plus the layer's bias (nullptr where
+// there is none; else the entries of the panel's columns 0-31 and 32-63: with SwiGLU, its gate and up
+// features'), then the activation.
 struct Epilogue {
   const float* scale;
-  const float* bias;
+  const float* bias_lo;
+  const float* bias_hi;
   int64_t activation;
 };
 
-// Panel p's Epilogue: wint8's column scales (packed_linear.h ColumnScales), the bias from column 64 p.
+// Panel p's Epilogue for a y of N columns: wint8's column scales (packed_linear.h ColumnScales), the bias.
 inline Epilogue EpilogueOf(const uint8_t* w, const Layout& l, int64_t kind, const float* bias, int64_t activation,
-                           int64_t p) {
-  return {ColumnScales(w, l, kind, p), bias ? bias + p * kPanel : nullptr, activation};
+                           int64_t N, int64_t p) {
+  const float *lo = nullptr, *hi = nullptr;
+  if (bias && activation == kSwiGlu) {  // bias is [gate | up], N each
+    lo = bias + p * kHalfPanel;
+    hi = bias + N + p * kHalfPanel;
+  } else if (bias) {
+    lo = bias + p * kPanel;
+    hi = lo + kHalfPanel;
+  }
+  return {ColumnScales(w, l, kind, p), lo, hi, activation};
 }
 
-// Column c of a panel's sums as y holds it (the portable path's; Finish below is the vector one).
-inline float FinishOne(float sum, const Epilogue& out, int64_t c) {
+// Column c of a panel's sums, scaled and biased (the portable path's; Finish below is the vector one).
+inline float Biased(float sum, const Epilogue& out, int64_t c) {
   const float product = out.scale ? sum * out.scale[c] : sum;
-  const float biased = out.bias ? product + out.bias[c] : product;
+  if (!out.bias_lo) return product;
+  return product + (c < kHalfPanel ? out.bias_lo[c] : out.bias_hi[c - kHalfPanel]);
+}
+
+// y's column c (< OutWidth) of a panel from its 64 sums `acc`.
+inline float FinishOne(const float* acc, const Epilogue& out, int64_t c) {
+  if (out.activation == kSwiGlu)
+    return fd_cpu::SiluTimes(Biased(acc[c], out, c), Biased(acc[c + kHalfPanel], out, c + kHalfPanel));
+  const float biased = Biased(acc[c], out, c);
   return out.activation == kQuickGelu ? fd_cpu::QuickGelu(biased) : biased;
 }
 
@@ -97,7 +129,7 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
   for (int64_t k2 = 0; k2 < l.k2; ++k2)
     for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
       tile[(2 * k2 + lane % 2) * kPanel + lane / 2] = PackedValue(w, l, kind, p, k2, lane);
-  const int64_t cols = std::min(kPanel, N - p * kPanel);
+  const int64_t width = OutWidth(out.activation), cols = std::min(width, N - p * width);
   float acc[kPanel];
   for (int64_t m = 0; m < M; ++m) {
     std::fill(acc, acc + kPanel, 0.f);
@@ -107,7 +139,7 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
 #pragma omp simd
       for (int64_t c = 0; c < kPanel; ++c) acc[c] += xv * row[c];
     }
-    for (int64_t c = 0; c < cols; ++c) y[m * N + p * kPanel + c] = FinishOne(acc[c], out, c);
+    for (int64_t c = 0; c < cols; ++c) y[m * N + p * width + c] = FinishOne(acc, out, c);
   }
 }
 
@@ -115,11 +147,52 @@ void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, c
 // ---- AVX512-BF16 path -------------------------------------------------------------------------------
 inline __m512bh AsBh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
 
-// Columns 16 j .. 16 j + 15 (those in `mask`) of a panel's sums as y holds them (Epilogue).
+// Columns 16 j .. 16 j + 15 (those in `mask`) of a panel's sums, scaled, biased and, for QuickGELU,
+// activated (Epilogue; SwiGLU pairs two of these in StoreRow).
 inline __m512 Finish(__m512 sums, const Epilogue& out, int j, __mmask16 mask) {
   if (out.scale) sums = _mm512_mul_ps(sums, _mm512_maskz_loadu_ps(mask, out.scale + 16 * j));
-  if (out.bias) sums = _mm512_add_ps(sums, _mm512_maskz_loadu_ps(mask, out.bias + 16 * j));
+  if (out.bias_lo) {
+    const float* bias = j < 2 ? out.bias_lo + 16 * j : out.bias_hi + 16 * (j - 2);
+    sums = _mm512_add_ps(sums, _mm512_maskz_loadu_ps(mask, bias));
+  }
   return out.activation == kQuickGelu ? fd_cpu::QuickGelu(sums) : sums;
+}
+
+// The first `cols` of 16 columns from 16 j.
+inline __mmask16 ColumnMask(int64_t cols, int j) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+}
+
+// One row of a panel's sums (4 registers, its 64 columns) into y's row at the panel's first column:
+// Finish, and with SwiGLU silu(gate) * up of columns c and 32 + c; `cols` of OutWidth columns are y's.
+// `stream` (all OutWidth columns, y 64-byte aligned): non-temporal stores.
+inline void StoreRow(const __m512* sums, const Epilogue& out, int64_t cols, float* y, bool stream) {
+  const bool swiglu = out.activation == kSwiGlu;
+  for (int j = 0; j < (swiglu ? 2 : 4); ++j) {
+    const __mmask16 mask = ColumnMask(cols, j);
+    __m512 v = Finish(sums[j], out, j, mask);
+    if (swiglu) v = fd_cpu::SiluTimes(v, Finish(sums[j + 2], out, j + 2, mask));
+    if (stream) {
+      _mm512_stream_ps(y + 16 * j, v);
+    } else {
+      _mm512_mask_storeu_ps(y + 16 * j, mask, v);
+    }
+  }
+}
+
+// y[M, panel's columns] = acc[M, 64] as y holds them (StoreRow), row by row: each row's 256 (SwiGLU:
+// 128) bytes of y are one run of memory. `stream` (a y of kStreamBytes or more: a prefill's, a batch's
+// logits): a whole panel's rows go out with non-temporal stores (when y's rows are 64-byte aligned):
+// each row's bytes fill their cache lines whole, so they need no read for ownership, and such a y
+// outgrows the cores' L2 anyway (benchmarks/README.md, "Decode attention on AMX tiles"). The caller
+// fences them before its threads meet.
+void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy, bool stream) {
+  stream = stream && cols == OutWidth(out.activation) && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512 sums[4] = {_mm512_loadu_ps(acc + m * kPanel), _mm512_loadu_ps(acc + m * kPanel + 16),
+                            _mm512_loadu_ps(acc + m * kPanel + 32), _mm512_loadu_ps(acc + m * kPanel + 48)};
+    StoreRow(sums, out, cols, y + m * ldy, stream);
+  }
 }
 
 // Register `reg` (16 columns x 2) of pair k2 of a panel, as 32 bf16.
@@ -148,8 +221,9 @@ inline __m512bh LoadW(const uint8_t* panel, const float* panel_scales, int64_t k
 }
 
 // y[MR rows, panel columns] (+)= xb[MR rows] . panel over pairs k0..k1 (xb as bf16 pairs, row stride K2
-// pairs). FIRST: start from zero, else from y; LAST: apply the wint8 column scales. STREAM: W comes from
-// memory once (decode), so prefetch it kPrefetchBytes ahead.
+// pairs). FIRST: start from zero, else from y; LAST: write y as StoreRow does (`cols` of its OutWidth
+// columns), else the raw sums (`cols` of 64). STREAM: W comes from memory once (decode), so prefetch it
+// kPrefetchBytes ahead.
 constexpr int64_t kPrefetchBytes = 2048;
 
 template <int MR, int64_t KIND, bool STREAM>
@@ -158,8 +232,7 @@ void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t*
   constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
   __m512 acc[MR][4];
   __mmask16 masks[4];
-  for (int j = 0; j < 4; ++j)
-    masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
+  for (int j = 0; j < 4; ++j) masks[j] = ColumnMask(cols, j);
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < 4; ++j)
       acc[m][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(masks[j], y + m * ldy + 16 * j);
@@ -192,9 +265,13 @@ void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t*
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], a, b[j]);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < 4; ++j)
-      _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], last ? Finish(acc[m][j], out, j, masks[j]) : acc[m][j]);
+  for (int m = 0; m < MR; ++m) {
+    if (last) {
+      StoreRow(acc[m], out, cols, y + m * ldy, false);
+    } else {
+      for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], acc[m][j]);
+    }
+  }
 }
 
 template <int64_t KIND, bool STREAM>
@@ -266,31 +343,36 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
   // register r's lanes are columns 8 r .. 8 r + 7, (t = 0, t = 1) each: add the pairs, 16 columns per two registers
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 sums[4];
   for (int j = 0; j < 4; ++j) {
     const __m512 a = _mm512_add_ps(acc[2 * j], acc[8 + 2 * j]), b = _mm512_add_ps(acc[2 * j + 1], acc[9 + 2 * j]);
-    const __m512 sums = _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
-    const __mmask16 mask = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-    _mm512_mask_storeu_ps(y + 16 * j, mask, Finish(sums, out, j, mask));
+    sums[j] = _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
   }
+  StoreRow(sums, out, cols, y, false);
 }
 
 // Panels of W taken one at a time from `next` (an atomic counter shared by the threads: a thread the OS
 // pauses delays one panel, not a fixed share of them). Up to kMaxTileRows rows: one tile per panel over all of K, W streamed once. More:
 // pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
-// uses it); int8/int4 panels are converted to a bf16 panel first (in L2), once for all row blocks.
+// uses it), the partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread
+// [M, 64] buffer, finished into y at the end); int8/int4 panels are converted to a bf16 panel first (in
+// L2), once for all row blocks.
 constexpr int64_t kChunkPairs = 64;
 
 template <int64_t KIND>
 void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
             const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
-  std::vector<uint16_t> bf16_panel(KIND != kBf16 && M > kMaxTileRows ? K2 * 128 : 0);
+  const bool chunked = M > kMaxTileRows, swiglu = activation == kSwiGlu;
+  std::vector<uint16_t> bf16_panel(KIND != kBf16 && chunked ? K2 * 128 : 0);
+  std::vector<float> sums(chunked && swiglu ? M * kPanel : 0);  // [M, 64]
+  const int64_t width = OutWidth(activation);
   for (int64_t p = next++; p < l.panels; p = next++) {
     const uint8_t* panel = w + p * l.panel_bytes;
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
-    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
-    const int64_t cols = std::min(kPanel, N - p * kPanel);
-    float* yp = y + p * kPanel;
+    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
+    const int64_t cols = std::min(width, N - p * width);
+    float* yp = y + p * width;
     if (KIND == kWint8 && M == 1) {
       Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, yp);
       continue;
@@ -305,8 +387,12 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
     }
     for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
       const int64_t k1 = std::min(K2, k0 + kChunkPairs);
-      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, cols, k0 == 0, k1 == K2, yp, N);
+      if (swiglu)
+        RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, kPanel, k0 == 0, false, sums.data(), kPanel);
+      else
+        RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, cols, k0 == 0, k1 == K2, yp, N);
     }
+    if (swiglu) StoreRows(sums.data(), M, out, cols, yp, N, false);
   }
 }
 
@@ -412,26 +498,6 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
   if (rows32 < rows) Amx16Rows<false>(x + rows32 * ldx, ldx, panel, steps, acc + rows32 * kPanel);
 }
 
-// y[M, panel's columns] = acc[M, 64] as y holds them (Epilogue), the padded columns left out. `stream`
-// (a y of kStreamBytes or more: a prefill's, a batch's logits): a whole panel's rows go out with
-// non-temporal stores (when y's rows are 64-byte aligned): each row's 256 bytes fill their cache lines
-// whole, so they need no read for ownership, and such a y outgrows the cores' L2 anyway
-// (benchmarks/README.md, "Decode attention on AMX tiles"). AmxPanels fences them before its threads meet.
-void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy, bool stream) {
-  __mmask16 masks[4];
-  for (int j = 0; j < 4; ++j) masks[j] = static_cast<__mmask16>((1u << std::clamp<int64_t>(cols - 16 * j, 0, 16)) - 1u);
-  stream = stream && cols == kPanel && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
-  for (int64_t m = 0; m < M; ++m)  // row by row: each row's 256 bytes of y are one run of memory
-    for (int j = 0; j < 4; ++j) {
-      const __m512 v = Finish(_mm512_loadu_ps(acc + m * kPanel + 16 * j), out, j, masks[j]);
-      if (stream) {
-        _mm512_stream_ps(y + m * ldy + 16 * j, v);
-      } else {
-        _mm512_mask_storeu_ps(y + m * ldy + 16 * j, masks[j], v);
-      }
-    }
-}
-
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
 // to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of kAmxBlockRows rows, panel),
 // taken group of panels by group, block by block in a group (both threads on one block of x); up to it,
@@ -473,8 +539,9 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
         else
           Amx16Rows<false>(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
       }
-    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, p);
-    StoreRows(acc, std::min(block_rows, M - r0), out, std::min(kPanel, N - p * kPanel), y + r0 * N + p * kPanel, N,
+    const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
+    const int64_t width = OutWidth(activation);
+    StoreRows(acc, std::min(block_rows, M - r0), out, std::min(width, N - p * width), y + r0 * N + p * width, N,
               stream);
   }
   _mm_sfence();  // StoreRows' non-temporal stores reach memory before the team's barrier
@@ -491,18 +558,20 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
   PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
            " (wint4), got ", kind);
-  const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
-  const Layout l = LayoutOf(kind, N, K);
+  PD_CHECK(activation == kNoActivation || activation == kQuickGelu || activation == kSwiGlu,
+           "packed_linear: activation must be ", kNoActivation, " (none), ", kQuickGelu, " (quick_gelu) or ", kSwiGlu,
+           " (swiglu), got ", activation);
+  const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features, rows_w = WeightRows(activation, N);
+  const Layout l = LayoutOf(kind, rows_w, K);
   PD_CHECK(K % 2 == 0 && (kind != kWint4 || K % kInt4Group == 0), "packed_linear: in_features ", K,
            " must be even (a multiple of ", kInt4Group, " for wint4)");
   PD_CHECK(weight.dtype() == paddle::DataType::UINT8 && weight.numel() == l.TotalBytes(), "packed_linear: weight of ",
-           weight.numel(), " bytes does not hold ", N, " x ", K, " packed values of kind ", kind, " (", l.TotalBytes(),
-           " bytes)");
-  PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == N),
-           "packed_linear: bias must be float32 [", N, "] or empty, got ", bias.numel(), " values");
+           weight.numel(), " bytes does not hold ", rows_w, " x ", K, " packed values of kind ", kind, " (",
+           l.TotalBytes(), " bytes)");
+  const int64_t bias_n = activation == kSwiGlu ? 2 * N : N;
+  PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == bias_n),
+           "packed_linear: bias must be float32 [", bias_n, "] or empty, got ", bias.numel(), " values");
   const float* bd = bias.numel() == 0 ? nullptr : bias.data<float>();
-  PD_CHECK(activation == kNoActivation || activation == kQuickGelu, "packed_linear: activation must be ",
-           kNoActivation, " (none) or ", kQuickGelu, " (quick_gelu), got ", activation);
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -529,7 +598,7 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
   std::vector<float> xf(kind == kWint8 && M == 1 ? K : 0);
   for (int64_t k = 0; k < static_cast<int64_t>(xf.size()); ++k) xf[k] = Bf16ToFloat(RoundToBf16(xd[k]));
   std::atomic<int64_t> next{0};  // the next panel to compute
-#pragma omp parallel if (M * N * K >= kParallelMacs)
+#pragma omp parallel if (M * rows_w * K >= kParallelMacs)
   {
 #ifdef _OPENMP
     const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
@@ -558,7 +627,7 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
     } else {
       std::vector<float> tile;
       for (int64_t p = next++; p < l.panels; p = next++)
-        PortablePanel(xb, M, K, wd, l, kind, p, N, EpilogueOf(wd, l, kind, bd, activation, p), yd, tile);
+        PortablePanel(xb, M, K, wd, l, kind, p, N, EpilogueOf(wd, l, kind, bd, activation, N, p), yd, tile);
     }
   }
   return {y};

@@ -32,6 +32,9 @@ constexpr int64_t kPanel = 64;      // output columns per panel
 constexpr int64_t kInt4Group = 32;  // input features per wint4 scale and minimum
 // kinds: ggml's id for BF16, and two ids of ours outside ggml's range
 constexpr int64_t kBf16 = 30, kWint8 = 1008, kWint4 = 1004;
+// fd_packed_linear's `activation` on y: none, QuickGELU, SwiGLU (W then holds gate and up interleaved:
+// packed_linear.cc)
+constexpr int64_t kNoActivation = 0, kQuickGelu = 1, kSwiGlu = 2;
 
 struct Layout {
   int64_t panels, k2, panel_bytes, scale_floats_per_panel;

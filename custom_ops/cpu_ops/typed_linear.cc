@@ -9,6 +9,11 @@
 // kinds add the bias where they write y (packed_linear.cc); the others add it to the product in place,
 // one float32 add per element, as Paddle's `y + bias` in fastdeploy/model_executor/layers/linear.py
 // LinearMethod.forward, so a composed op equals the layer path.
+//
+// GateUpSwiGlu: an MLP's gate_up projection and SwiGLU, silu(gate) * up [n, intermediate]: a packed
+// gate_up (stored with gate and up interleaved per panel, layers/quantization/packed.py) in one
+// fd_packed_linear call with its SwiGLU activation; the others ([gate | up] columns) as TypedLinear,
+// then fd_silu_and_mul. Either way the layer path's arithmetic (layers/mlp.py DenseMLP).
 #include "cpu_ops.h"
 #include "packed_linear.h"
 
@@ -38,4 +43,10 @@ paddle::Tensor TypedLinear(const paddle::Tensor& x, const paddle::Tensor& weight
     for (int64_t j = 0; j < out_features; ++j) out[i * out_features + j] += b[j];
   }
   return y;
+}
+
+paddle::Tensor GateUpSwiGlu(const paddle::Tensor& x, const paddle::Tensor& gate_up, const paddle::Tensor& bias,
+                            int64_t qtype, int64_t intermediate) {
+  if (packed::KnownKind(qtype)) return PackedLinear(x, gate_up, bias, qtype, intermediate, false, packed::kSwiGlu)[0];
+  return SiluAndMul(TypedLinear(x, gate_up, bias, qtype, 2 * intermediate))[0];
 }

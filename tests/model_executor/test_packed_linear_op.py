@@ -13,7 +13,8 @@ import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization.packed import (BF16, WINT4, WINT8, PackedConfig,
-                                                                  PackedLinearMethod, pack, packed_bytes)
+                                                                  PackedLinearMethod, pack, packed_bytes,
+                                                                  swiglu_rows)
 from fastdeploy.model_executor.ops import compiled_op
 
 pytestmark = pytest.mark.usefixtures("ops_enabled")
@@ -150,6 +151,50 @@ def test_quick_gelu_activation_is_applied_where_y_is_written(name, portable, m):
     np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+def silu_times64(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g) * u = g * sigmoid(g) * u in float64 (SwiGLU, Shazeer 2020)."""
+    g = g.astype(np.float64)
+    return g / (1 + np.exp(-g)) * u
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("name", sorted(KINDS))
+# one row (Wint8Row for wint8), register tiles, AMX 16-row blocks (7, 33), AMX many rows (100; without AMX
+# K in chunks, the sums kept in a per-thread buffer); intermediate sizes 96 (whole 32-column halves: 3
+# panels), 40 (the last panel's halves 8 columns, zero rows after them) and 20 (one partial panel)
+@pytest.mark.parametrize("m,inter", [(1, 96), (1, 40), (3, 40), (7, 96), (33, 40), (100, 96), (100, 20)])
+def test_swiglu_activation_on_interleaved_gate_up(name, portable, m, inter):
+    """activation 2: W [2 inter, K] as [gate | up] rows packed in swiglu_rows' order, bias [gate | up]; y [m,
+    inter] = silu(x Wg^T + bg) * (x Wu^T + bu) within float32 rounding of float64; on the fast path bit for
+    bit fd_silu_and_mul on the op's plain [gate | up] product (the same sums and vector operations)."""
+    kind = KINDS[name]
+    rng = np.random.default_rng(m * 100 + inter)
+    w, x = random_weight(rng, 2 * inter, 256), rng.standard_normal((m, 256)).astype(np.float32)
+    bias = paddle.to_tensor(rng.standard_normal(2 * inter).astype(np.float32))
+    xt = paddle.to_tensor(x)
+    fused = compiled("fd_packed_linear")(xt, paddle.to_tensor(pack(swiglu_rows(w), kind)), bias, kind, inter,
+                                         portable, 2).numpy()
+    assert fused.shape == (m, inter)
+    if not portable:
+        plain = compiled("fd_packed_linear")(xt, paddle.to_tensor(pack(w, kind)), bias, kind, 2 * inter, False, 0)
+        np.testing.assert_array_equal(fused, compiled("fd_silu_and_mul")(plain).numpy())
+    values, scale = weights_of(w, kind)
+    h = (round_bf16(x) @ values.T) * scale + bias.numpy()
+    ref = silu_times64(h[:, :inter], h[:, inter:])
+    np.testing.assert_allclose(fused, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_swiglu_rows_interleaves_gate_and_up_per_32_features():
+    w = np.arange(2 * 40, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)  # row r holds r
+    rows = swiglu_rows(w)[:, 0]
+    assert rows.shape == (128,)
+    np.testing.assert_array_equal(rows[:32], np.arange(32))  # gate 0-31
+    np.testing.assert_array_equal(rows[32:64], 40 + np.arange(32))  # up 0-31
+    np.testing.assert_array_equal(rows[64:72], 32 + np.arange(8))  # gate 32-39, then zero rows
+    np.testing.assert_array_equal(rows[96:104], 72 + np.arange(8))  # up 32-39, then zero rows
+    assert not rows[72:96].any() and not rows[104:].any()
+
+
 def test_linear_activation_for_the_dense_method_and_an_unknown_name():
     """Linear(activation="quick_gelu") on the dense method: QuickGELU of x @ W + b; another name is a
     ValueError naming the allowed ones."""
@@ -161,8 +206,37 @@ def test_linear_activation_for_the_dense_method_and_an_unknown_name():
     x = rng.standard_normal((3, 64)).astype(np.float32)
     ref = quick_gelu64(x.astype(np.float64) @ w.T.astype(np.float64) + b)
     np.testing.assert_allclose(layer(paddle.to_tensor(x)).numpy(), ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match=r"activation must be one of \[None, 'quick_gelu'\], got 'gelu'"):
+    with pytest.raises(ValueError, match=r"activation must be one of \[None, 'quick_gelu', 'swiglu'\], got 'gelu'"):
         Linear(64, {None: 48}, True, UnquantizedLinearMethod(), activation="gelu")
+    with pytest.raises(ValueError, match=r"'swiglu' needs two shards \(gate, up\) of one size, got \{None: 48\}"):
+        Linear(64, {None: 48}, True, UnquantizedLinearMethod(), activation="swiglu")
+
+
+@pytest.mark.parametrize("method", ["dense", "bf16", "wint8"])
+def test_swiglu_linear_loads_shards_and_gives_silu_gate_times_up(method):
+    """Linear(activation="swiglu") with shards 0 (gate) and 1 (up), loaded in either order: silu(x Wg^T + bg) *
+    (x Wu^T + bu), [n, inter], on the dense method and on the packed ones (interleaved at load)."""
+    rng = np.random.default_rng(8)
+    inter = 40
+    gate, up = random_weight(rng, inter, 64), random_weight(rng, inter, 64)
+    bg, bu = rng.standard_normal(inter).astype(np.float32), rng.standard_normal(inter).astype(np.float32)
+    linear_method = (UnquantizedLinearMethod() if method == "dense"
+                     else PackedConfig(KINDS[method]).linear_method(["gate", "up"]))
+    layer = Linear(64, {0: inter, 1: inter}, True, linear_method, activation="swiglu")
+    layer.weight_loader(layer.weight, up, 1)
+    layer.weight_loader(layer.weight, gate, 0)
+    layer.weight_loader(layer.bias, bg, 0)
+    layer.weight_loader(layer.bias, bu, 1)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    if method == "dense":
+        values, scale, xb = np.concatenate([gate, up]).astype(np.float64), 1.0, x.astype(np.float64)
+    else:
+        values, scale = weights_of(np.concatenate([gate, up]), KINDS[method])
+        xb = round_bf16(x)
+    h = (xb @ values.T) * scale + np.concatenate([bg, bu])
+    y = layer(paddle.to_tensor(x)).numpy()
+    assert y.shape == (5, inter)
+    np.testing.assert_allclose(y, silu_times64(h[:, :inter], h[:, inter:]), rtol=1e-4, atol=1e-4)
 
 
 def test_fast_and_portable_paths_agree_on_a_large_call():
@@ -195,8 +269,13 @@ def test_a_wrong_weight_or_bias_size_is_an_error_naming_the_sizes():
     weight = paddle.to_tensor(pack(np.ones((64, 128), np.float32), BF16))
     with pytest.raises(Exception, match=r"bias must be float32 \[64\] or empty, got 63 values"):
         compiled("fd_packed_linear")(x, weight, paddle.zeros([63]), BF16, 64, False, 0)
-    with pytest.raises(Exception, match=r"activation must be 0 \(none\) or 1 \(quick_gelu\), got 2"):
-        compiled("fd_packed_linear")(x, weight, NO_BIAS, BF16, 64, False, 2)
+    with pytest.raises(Exception, match=r"activation must be 0 \(none\), 1 \(quick_gelu\) or 2 \(swiglu\), got 3"):
+        compiled("fd_packed_linear")(x, weight, NO_BIAS, BF16, 64, False, 3)
+    with pytest.raises(Exception, match="does not hold 128 x 128"):  # SwiGLU of 48 columns: 2 x 64 rows
+        compiled("fd_packed_linear")(x, weight, NO_BIAS, BF16, 48, False, 2)
+    swiglu = paddle.to_tensor(pack(np.ones((128, 128), np.float32), BF16))
+    with pytest.raises(Exception, match=r"bias must be float32 \[96\] or empty, got 48 values"):
+        compiled("fd_packed_linear")(x, swiglu, paddle.zeros([48]), BF16, 48, False, 2)
 
 
 def test_linear_method_packs_shards_and_falls_back_where_the_shape_does_not_fit():

@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.parameters import check_shape, empty_parameter
-from fastdeploy.model_executor.ops.activation import quick_gelu
+from fastdeploy.model_executor.ops.activation import quick_gelu, silu_and_mul
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
 
@@ -64,7 +64,9 @@ class UnquantizedLinearMethod(LinearMethod):
         return layer.weight, 0
 
 
-ACTIVATIONS = (None, "quick_gelu")  # a Linear's `activation`: none, or ops/activation.py quick_gelu
+# A Linear's `activation`: none, ops/activation.py quick_gelu, or silu_and_mul ("swiglu": an MLP's gate_up,
+# shards gate and up of one size; its output is silu(gate) * up, half as wide as W)
+ACTIVATIONS = (None, "quick_gelu", "swiglu")
 
 
 def epilogue(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
@@ -74,6 +76,8 @@ def epilogue(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
     y is written")."""
     if layer.bias is not None:
         y = y.add_(layer.bias)
+    if layer.activation == "swiglu":
+        return silu_and_mul(y)  # [n, 2 inter] -> [n, inter]
     return quick_gelu(y) if layer.activation == "quick_gelu" else y
 
 
@@ -94,7 +98,8 @@ class Linear(paddle.nn.Layer):
     """y = act(x @ W (+ b)). shard_sizes: {shard id: output features}, in output order; one shard with
     id None for a plain (unpacked) layer. Parameters: `weight` (as the method stores it), `bias`
     [out_features] float32 when `bias`. activation: one of ACTIVATIONS, applied to the output (the packed
-    method does it where its kernel writes y, in the same pass); ValueError for another."""
+    method does it where its kernel writes y, in the same pass; "swiglu" takes two shards of one size and
+    gives out_features / 2 columns); ValueError for another."""
 
     def __init__(self, in_features: int, shard_sizes: dict, bias: bool, method: LinearMethod,
                  activation: Optional[str] = None):
@@ -109,12 +114,14 @@ class Linear(paddle.nn.Layer):
             self.shard_ranges[shard] = (start, start + size)
             start += size
         self.out_features = start
+        if activation == "swiglu" and (len(shard_sizes) != 2 or len(set(shard_sizes.values())) != 1):
+            raise ValueError(f"activation 'swiglu' needs two shards (gate, up) of one size, got {shard_sizes}")
         self.method = method
         self.weight = method.create_weights(self)
         self.bias = empty_parameter([start], weight_loader=self.weight_loader) if bias else None
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return self.method.apply(self, x)  # x: [n, in] -> [n, out]
+        return self.method.apply(self, x)  # x: [n, in] -> [n, out] ("swiglu": [n, out / 2])
 
     def weight_loader(self, param: paddle.Tensor, loaded, shard_id=None) -> None:
         """Copy checkpoint tensor `loaded` (HF orientation: weight [out, in], bias [out]) into the

@@ -17,6 +17,10 @@ What is stored, for W [out, in] (HF orientation):
 
 The op rounds x to bf16 and multiplies it with bf16(W), q (wint8; the scale applied to the float32
 sum) or bf16(fma(q, d, m)) (wint4), summing in float32 (`reference_values` gives these values).
+
+An MLP's gate_up (a Linear with activation "swiglu") is packed with its rows interleaved
+(`swiglu_rows`): each panel holds 32 gate features then the same 32 up features, so the op computes
+silu(gate) * up where it writes y, and y is the intermediate size wide.
 wint8 is absmax symmetric per channel as FastDeploy's weight-only int8 (and LLM.int8's); wint4 is
 asymmetric in groups of 32 as llama.cpp's Q4_1, not FastDeploy's per-channel symmetric int4: on the
 default model (dequantized from Q4_1) symmetric int4 in groups of 64 doubled the perplexity, while
@@ -37,7 +41,8 @@ KIND_IDS = {"bfloat16": BF16, "wint8": WINT8, "wint4": WINT4}
 PANEL = 64  # output features per panel
 INT4_GROUP = 32  # input features per wint4 scale and minimum
 NO_BIAS = paddle.zeros([0], "float32")  # the op's bias input for a layer without one
-ACTIVATION_IDS = {None: 0, "quick_gelu": 1}  # the op's `activation` for a Linear's (layers/linear.py ACTIVATIONS)
+ACTIVATION_IDS = {None: 0, "quick_gelu": 1, "swiglu": 2}  # the op's `activation` for a Linear's (layers/linear.py ACTIVATIONS)
+SWIGLU_HALF = PANEL // 2  # gate (then up) features per panel of a "swiglu" weight
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -107,6 +112,16 @@ def _panel_pairs(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(panels, PANEL, in_features // 2, 2).transpose(0, 2, 1, 3))
 
 
+def swiglu_rows(w: np.ndarray) -> np.ndarray:
+    """[2 inter, in] rows [gate | up] -> [2 inter', in] rows in the op's SwiGLU order, inter' = inter rounded
+    up to 32: block b holds gate rows 32 b..32 b + 31 then up rows 32 b..32 b + 31, zero rows past inter."""
+    inter, in_features = w.shape[0] // 2, w.shape[1]
+    blocks = -(-inter // SWIGLU_HALF)
+    halves = np.zeros((2, blocks * SWIGLU_HALF, in_features), w.dtype)  # gate, up, each padded
+    halves[0, :inter], halves[1, :inter] = w[:inter], w[inter:]
+    return halves.reshape(2, blocks, SWIGLU_HALF, in_features).transpose(1, 0, 2, 3).reshape(-1, in_features)
+
+
 def pack(w: np.ndarray, kind: int) -> np.ndarray:
     """w [out, in] float32 (HF orientation) -> the op's uint8 layout, packed_bytes(kind, out, in) long."""
     out, in_features = w.shape
@@ -172,7 +187,10 @@ class PackedLinearMethod(LinearMethod):
         if not kind_fits(self.kind, layer.in_features):
             self._dense = UnquantizedLinearMethod()
             return self._dense.create_weights(layer)
-        size = packed_bytes(self.kind, layer.out_features, layer.in_features)
+        rows = layer.out_features
+        if layer.activation == "swiglu":  # swiglu_rows' padding
+            rows = 2 * -(-rows // 2 // SWIGLU_HALF) * SWIGLU_HALF
+        size = packed_bytes(self.kind, rows, layer.in_features)
         return empty_parameter([size], "uint8", layer.weight_loader)
 
     def load(self, layer: Linear, loaded, start: int, end: int) -> None:
@@ -185,7 +203,8 @@ class PackedLinearMethod(LinearMethod):
         self._staged[start:end] = loaded
         self._staged_rows += end - start
         if self._staged_rows == layer.out_features:  # every shard is in: pack once
-            np.from_dlpack(layer.weight)[...] = pack(self._staged, self.kind)
+            rows = swiglu_rows(self._staged) if layer.activation == "swiglu" else self._staged
+            np.from_dlpack(layer.weight)[...] = pack(rows, self.kind)
             self._staged, self._staged_rows = None, 0
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
@@ -194,7 +213,8 @@ class PackedLinearMethod(LinearMethod):
             return self._dense.apply(layer, x)
         bias = layer.bias if layer.bias is not None else NO_BIAS  # added where the op writes y, as the activation
         activation = ACTIVATION_IDS[layer.activation]
-        return self._linear(x, layer.weight, bias, self.kind, layer.out_features, False, activation)
+        columns = layer.out_features // 2 if layer.activation == "swiglu" else layer.out_features
+        return self._linear(x, layer.weight, bias, self.kind, columns, False, activation)
 
     def operand(self, layer: Linear, rows: int) -> tuple[paddle.Tensor, int]:
         return (layer.weight, 0) if self._dense is not None else (layer.weight, self.kind)
