@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.model_executor.layers.parameters import check_shape, empty_parameter
-from fastdeploy.model_executor.ops.activation import quick_gelu, silu_and_mul
+from fastdeploy.model_executor.ops.activation import activation_kernel
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
 
@@ -76,9 +76,7 @@ def epilogue(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
     y is written")."""
     if layer.bias is not None:
         y = y.add_(layer.bias)
-    if layer.activation == "swiglu":
-        return silu_and_mul(y)  # [n, 2 inter] -> [n, inter]
-    return quick_gelu(y) if layer.activation == "quick_gelu" else y
+    return layer.activation_kernel(y) if layer.activation else y  # swiglu: [n, 2 inter] -> [n, inter]
 
 
 class QuantConfig:
@@ -107,6 +105,7 @@ class Linear(paddle.nn.Layer):
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
         self.activation = activation
+        self.activation_kernel = activation_kernel(activation) if activation else None  # chosen at build
         self.in_features = in_features
         self.shard_ranges = {}
         start = 0

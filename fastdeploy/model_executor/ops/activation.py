@@ -25,4 +25,20 @@ def quick_gelu(x: paddle.Tensor) -> paddle.Tensor:
     relative of float64 math for x in [-50, 80]; below -51 it returns ~x * 1e-38 (|out| < 1e-35).
     """
     op = compiled_op("fd_quick_gelu")
-    return op(x) if op is not None else x * F.sigmoid(1.702 * x)
+    return op(x) if op is not None else quick_gelu_reference(x)
+
+
+def quick_gelu_reference(x: paddle.Tensor) -> paddle.Tensor:
+    """QuickGELU in Paddle ops (the compiled op's fallback)."""
+    return x * F.sigmoid(1.702 * x)
+
+
+def activation_kernel(name: str):
+    """The callable for a Linear's activation `name` ("quick_gelu", "swiglu"), chosen now (the compiled op, or
+    its Paddle reference when the ops are unavailable or forced off), as the other layers choose their
+    kernels when they are built."""
+    if name == "swiglu":
+        return compiled_op("fd_silu_and_mul") or F.swiglu
+    if name == "quick_gelu":
+        return compiled_op("fd_quick_gelu") or quick_gelu_reference
+    raise ValueError(f"no activation kernel named {name!r}")
