@@ -14,8 +14,10 @@
 // or [n, heads, head_dim]); weight: [hidden]. The math and its order, (x * r) * weight with r
 // computed in float32, are transformers' LlamaRMSNorm in fp32 and the pure-Paddle fallback in
 // fastdeploy/model_executor/ops/normalization.py. One pass reads each row twice (sum of squares,
-// then scale) while it is in L1. Rows are independent: OpenMP over rows only for large tensors
-// (prefill), because waking threads costs more than a decode step's whole norm. Paddle hands custom
+// then scale) while it is in L1. Rows are independent: OpenMP over rows from kParallelElements (a batch
+// of 16 rows of 1024: below, waking the threads costs more than the norm; above, one thread alone
+// leaves the other waiting inside fd_decoder_layers: benchmarks/README.md, "Norms and RoPE on both
+// threads"). Paddle hands custom
 // ops contiguous tensors (a strided view arrives as a contiguous copy).
 #include <cmath>
 #include <vector>
@@ -23,7 +25,7 @@
 #include "paddle/extension.h"
 
 namespace {
-constexpr int64_t kParallelElements = 1 << 18;
+constexpr int64_t kParallelElements = 1 << 14;
 
 // Mean of the squares of one row (float32 accumulation, vector lanes summed at the end).
 inline float MeanSquare(const float* x, int64_t hidden) {

@@ -12,15 +12,15 @@
 //
 // These are the tables RotaryEmbedding (fastdeploy/model_executor/layers/rotary_embedding.py) holds,
 // and the math is its `apply`, rotate-half ("NeoX") layout: x * cos + roll(x, head_dim / 2) * sin_signed,
-// i.e. out[:half] = x1 cos - x2 sin, out[half:] = x2 cos + x1 sin. OpenMP over tokens only for large
-// batches (prefill). Paddle hands custom ops contiguous tensors: a strided view of qkv would arrive
+// i.e. out[:half] = x1 cos - x2 sin, out[half:] = x2 cos + x1 sin. OpenMP over tokens from
+// kParallelElements (as rms_norm.cc's). Paddle hands custom ops contiguous tensors: a strided view of qkv would arrive
 // as a contiguous copy and be rotated there (the shim, ops/rotary_embedding.py, refuses such views).
 #include <vector>
 
 #include "paddle/extension.h"
 
 namespace {
-constexpr int64_t kParallelElements = 1 << 17;
+constexpr int64_t kParallelElements = 1 << 14;
 
 // One head of head_dim = 2 * half values, rotated in place by one table row.
 inline void RotateHead(float* x, const float* __restrict cos, const float* __restrict sin, int64_t half) {

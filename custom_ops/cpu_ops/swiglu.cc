@@ -8,7 +8,7 @@
 // exp is our own AVX-512 range-reduced polynomial (vec_exp.h), within ~2 ulp of exp in float64; without
 // AVX-512 the loop calls std::exp. exp's argument is clamped to [-87.3, 88.7] (finite results), so
 // silu(g) for g < -87.3 comes out as g * ~1e-38 instead of g * exp(g): both round to 0 at the
-// precision of anything downstream. OpenMP over rows only for large batches (prefill).
+// precision of anything downstream. OpenMP over rows from kParallelElements (as rms_norm.cc's).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -21,7 +21,7 @@
 #include "vec_exp.h"
 
 namespace {
-constexpr int64_t kParallelElements = 1 << 17;
+constexpr int64_t kParallelElements = 1 << 14;
 
 #ifdef __AVX512F__
 void SiluAndMulRow(const float* gate, const float* up, int64_t inter, float* out) {
