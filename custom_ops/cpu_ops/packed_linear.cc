@@ -65,6 +65,34 @@ constexpr int kMaxTileRows = 6;
 
 using fd_cpu::Align64;  // amx_tiles.h
 
+// The calling thread's team size (1 outside a parallel region, or without OpenMP).
+inline int64_t TeamSize() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
+// The next run [first, last) of `total` work items for the calling thread, from `next` (shared by the
+// team). Guided self-scheduling (Polychronopoulos and Kuck, 1987): a claim takes max(1, remaining / (2
+// threads)) consecutive items, so a thread's panels lie mostly one after another in memory and its
+// prefetches run on across their boundaries instead of each panel starting a stream cold, and the last
+// claims are single panels (a thread the OS pauses delays one panel, not half the call). `single`: one
+// item a claim.
+struct Run {
+  int64_t first, last;
+};
+inline Run ClaimRun(std::atomic<int64_t>& next, int64_t total, bool single) {
+  const int64_t threads = TeamSize();
+  int64_t first = next.load(std::memory_order_relaxed);
+  while (first < total) {
+    const int64_t size = single ? 1 : std::max<int64_t>(1, (total - first) / (2 * threads));
+    if (next.compare_exchange_weak(first, first + size, std::memory_order_relaxed)) return {first, first + size};
+  }
+  return {total, total};
+}
+
 // x [M, K] float32 -> bf16 [M, ldx] (rows m0..m1; values K..ldx-1 of a row set to zero)
 void RoundRows(const float* x, int64_t K, int64_t ldx, int64_t m0, int64_t m1, uint16_t* xb) {
   for (int64_t m = m0; m < m1; ++m) {
@@ -351,8 +379,8 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
   StoreRow(sums, out, cols, y, false);
 }
 
-// Panels of W taken one at a time from `next` (an atomic counter shared by the threads: a thread the OS
-// pauses delays one panel, not a fixed share of them). Up to kMaxTileRows rows: one tile per panel over all of K, W streamed once. More:
+// Panels of W taken in runs from `next` (ClaimRun). Up to kMaxTileRows rows: one tile per panel over all
+// of K, W streamed once (its prefetches reach into the run's next panel). More:
 // pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
 // uses it), the partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread
 // [M, 64] buffer, finished into y at the end); int8/int4 panels are converted to a bf16 panel first (in
@@ -367,7 +395,8 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
   std::vector<uint16_t> bf16_panel(KIND != kBf16 && chunked ? K2 * 128 : 0);
   std::vector<float> sums(chunked && swiglu ? M * kPanel : 0);  // [M, 64]
   const int64_t width = OutWidth(activation);
-  for (int64_t p = next++; p < l.panels; p = next++) {
+  for (Run run = ClaimRun(next, l.panels, false); run.first < run.last; run = ClaimRun(next, l.panels, false))
+  for (int64_t p = run.first; p < run.last; ++p) {
     const uint8_t* panel = w + p * l.panel_bytes;
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
@@ -428,13 +457,13 @@ using fd_amx::ConfigureTiles;
 
 // acc[16 rows, 64 columns] = x[16 rows] . panel over all `steps` (as Amx32x32): one x tile, the four 16-column
 // groups in turn. STREAM (the pass that reads the panel from memory): every line of the step
-// kAmxPrefetchBytes ahead is prefetched into L1 first. A tile load cannot start before the
-// `tdpbf16ps` that last read its tile register, so without it only the hardware prefetchers keep memory
-// busy (benchmarks/README.md, "Weight stream prefetched").
+// kAmxPrefetchBytes ahead, up to `end` (the end of the thread's run of panels), is prefetched into L1
+// first. A tile load cannot start before the `tdpbf16ps` that last read its tile register, so without it
+// only the hardware prefetchers keep memory busy (benchmarks/README.md, "Weight stream prefetched").
 template <bool STREAM>
-void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc) {
+void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc,
+               const char* end = nullptr) {
   constexpr int64_t kStepBytes = 16 * 128 * sizeof(uint16_t);  // W per step: 16 pairs x 64 columns
-  const char* end = reinterpret_cast<const char*>(panel + steps * 16 * 128);
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t s = 0; s < steps; ++s) {
     const uint16_t* w = panel + s * 16 * 128;
@@ -500,8 +529,8 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
 
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
 // to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of kAmxBlockRows rows, panel),
-// taken group of panels by group, block by block in a group (both threads on one block of x); up to it,
-// one block of all rows. int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
+// taken one at a time, group of panels by group, block by block in a group (both threads on one block of
+// x); up to it, one block of all rows, panels taken in runs (ClaimRun). int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
 // a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K), once per
 // work item.
 template <int64_t KIND>
@@ -519,7 +548,8 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
   float* acc = Align64(acc_buffer.get());              // [block, 64]
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   ConfigureTiles();
-  for (int64_t item = next++; item < items; item = next++) {
+  for (Run run = ClaimRun(next, items, many); run.first < run.last; run = ClaimRun(next, items, many))
+  for (int64_t item = run.first; item < run.last; ++item) {
     // item -> (group of panels, block of rows, panel of the group): every block runs over a group before the next
     const int64_t first = item / (blocks * group) * group, size = std::min(group, l.panels - first);
     const int64_t in_group = item - first * blocks;
@@ -535,7 +565,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
     else
       for (int64_t r = 0; r < rows; r += kAmxRows) {
         if (r == 0 && !copy)  // the first block streams W from memory, the others find it in L2
-          Amx16Rows<true>(xb, ldx, panel, steps, acc);
+          Amx16Rows<true>(xb, ldx, panel, steps, acc, reinterpret_cast<const char*>(w + run.last * l.panel_bytes));
         else
           Amx16Rows<false>(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
       }
