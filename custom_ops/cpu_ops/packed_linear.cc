@@ -35,8 +35,9 @@
 //     panel first.
 //   * portable (no AVX512-BF16, or `portable` set, which the tests use): the same values in plain loops
 //     over a float32 copy of one panel at a time.
-// Threads take panels one at a time from an atomic counter (OpenMP `parallel` with the split by hand: see
-// custom_ops/README.md, "OpenMP runtime"), when the call has enough work to pay for waking them.
+// Threads take panels from an atomic counter, in runs of consecutive panels for decode (ClaimRun), one at a
+// time for prefill (OpenMP `parallel` with the split by hand: see custom_ops/README.md, "OpenMP runtime"),
+// when the call has enough work to pay for waking them.
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
