@@ -415,12 +415,13 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
       ToBf16Panel<KIND>(panel, panel_scales, K2, bf16_panel.data());
       panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
     }
+    // the partial sums' home: y, or with SwiGLU the [M, 64] buffer, finished into y after the last chunk
+    float* partial = swiglu ? sums.data() : yp;
+    const int64_t ld = swiglu ? kPanel : N, partial_cols = swiglu ? kPanel : cols;
     for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
       const int64_t k1 = std::min(K2, k0 + kChunkPairs);
-      if (swiglu)
-        RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, kPanel, k0 == 0, false, sums.data(), kPanel);
-      else
-        RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, cols, k0 == 0, k1 == K2, yp, N);
+      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, partial_cols, k0 == 0, !swiglu && k1 == K2,
+                              partial, ld);
     }
     if (swiglu) StoreRows(sums.data(), M, out, cols, yp, N, false);
   }
@@ -531,9 +532,9 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
 // Panels from `next`, as Panels, with AMX tiles. xb: bf16 [M rounded up to 16, ldx], ldx = K rounded up
 // to 32, zero padded. Above kAmxManyRowsFrom rows the work items are (block of kAmxBlockRows rows, panel),
 // taken one at a time, group of panels by group, block by block in a group (both threads on one block of
-// x); up to it, one block of all rows, panels taken in runs (ClaimRun). int8/int4 panels, and bf16 ones when K is not a multiple of 32, are first written as
-// a bf16 panel into a per-thread buffer whose pairs past K / 2 stay zero (no tile reads past K), once per
-// work item.
+// x); up to it, one block of all rows, panels taken in runs (ClaimRun). int8/int4 panels, and bf16 ones
+// when K is not a multiple of 32, are first written as a bf16 panel into a per-thread buffer whose pairs
+// past K / 2 stay zero (no tile reads past K), once per work item.
 template <int64_t KIND>
 void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
                int64_t N, const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
@@ -543,6 +544,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
   const int64_t group = many ? std::clamp<int64_t>(kAmxGroupBytes / (ldx * 2 * kPanel), 1, l.panels) : l.panels;
   const bool copy = KIND != kBf16 || 2 * K2 != ldx;
   const bool stream = M * N * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;  // StoreRows
+  const int64_t width = OutWidth(activation);
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
   std::unique_ptr<float[]> acc_buffer(new float[block * kPanel + 16]);  // written before it is read
   uint16_t* bf16_panel = Align64(bf16_buffer.data());  // [ldx / 2 pairs, 128]
@@ -571,7 +573,6 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
           Amx16Rows<false>(xb + r * ldx, ldx, panel, steps, acc + r * kPanel);
       }
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
-    const int64_t width = OutWidth(activation);
     StoreRows(acc, std::min(block_rows, M - r0), out, std::min(width, N - p * width), y + r0 * N + p * width, N,
               stream);
   }

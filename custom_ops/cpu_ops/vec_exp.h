@@ -1,6 +1,6 @@
 // exp on 16 floats at once (AVX-512), shared by the CPU ops that need many exponentials per call
-// (SwiGLU, QuickGELU, softmax in attention), and the activations built on it: glibc's vector exp is only reached when the compiler vectorises a
-// loop, and GCC peels misaligned heads into scalar expf calls.
+// (SwiGLU, QuickGELU, softmax in attention), and the activations built on it: glibc's vector exp is only
+// reached when the compiler vectorises a loop, and GCC peels misaligned heads into scalar expf calls.
 //
 // x = k ln2 + r with k = round(x / ln2), |r| <= ln2 / 2 (ln2 split in a 9-bit head, exact in k * head,
 // and a tail: Cody-Waite), exp(r) by its degree-7 Taylor polynomial (truncation error < r^8 / 8! < 6e-9
@@ -19,8 +19,11 @@ inline float QuickGelu(float x) {
   return x / (1.f + std::exp(std::min(std::max(-kQuickGeluScale * x, kExpMin), kExpMax)));
 }
 
-// SwiGLU of one gate and up value: silu(g) * u = g / (1 + exp(-g)) * u, exp's argument clamped as Exp clamps it.
-inline float SiluTimes(float g, float u) { return g / (1.f + std::exp(std::min(std::max(-g, kExpMin), kExpMax))) * u; }
+// SwiGLU of one gate and up value: silu(g) * u = g / (1 + exp(-g)) * u, exp's argument clamped as Exp
+// clamps it.
+inline float SiluTimes(float g, float u) {
+  return g / (1.f + std::exp(std::min(std::max(-g, kExpMin), kExpMax))) * u;
+}
 }  // namespace fd_cpu
 
 #ifdef __AVX512F__

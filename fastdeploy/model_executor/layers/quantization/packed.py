@@ -17,14 +17,14 @@ What is stored, for W [out, in] (HF orientation):
 
 The op rounds x to bf16 and multiplies it with bf16(W), q (wint8; the scale applied to the float32
 sum) or bf16(fma(q, d, m)) (wint4), summing in float32 (`reference_values` gives these values).
-
-An MLP's gate_up (a Linear with activation "swiglu") is packed with its rows interleaved
-(`swiglu_rows`): each panel holds 32 gate features then the same 32 up features, so the op computes
-silu(gate) * up where it writes y, and y is the intermediate size wide.
 wint8 is absmax symmetric per channel as FastDeploy's weight-only int8 (and LLM.int8's); wint4 is
 asymmetric in groups of 32 as llama.cpp's Q4_1, not FastDeploy's per-channel symmetric int4: on the
 default model (dequantized from Q4_1) symmetric int4 in groups of 64 doubled the perplexity, while
 this keeps it within a few percent.
+
+An MLP's gate_up (a Linear with activation "swiglu") is packed with its rows interleaved
+(`swiglu_rows`): each panel holds 32 gate features then the same 32 up features, so the op computes
+silu(gate) * up where it writes y, and y is the intermediate size wide.
 """
 from typing import Callable, Optional, Sequence
 
@@ -41,7 +41,8 @@ KIND_IDS = {"bfloat16": BF16, "wint8": WINT8, "wint4": WINT4}
 PANEL = 64  # output features per panel
 INT4_GROUP = 32  # input features per wint4 scale and minimum
 NO_BIAS = paddle.zeros([0], "float32")  # the op's bias input for a layer without one
-ACTIVATION_IDS = {None: 0, "quick_gelu": 1, "swiglu": 2}  # the op's `activation` for a Linear's (layers/linear.py ACTIVATIONS)
+# the op's `activation` for a Linear's (layers/linear.py ACTIVATIONS)
+ACTIVATION_IDS = {None: 0, "quick_gelu": 1, "swiglu": 2}
 SWIGLU_HALF = PANEL // 2  # gate (then up) features per panel of a "swiglu" weight
 
 
@@ -112,13 +113,19 @@ def _panel_pairs(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(panels, PANEL, in_features // 2, 2).transpose(0, 2, 1, 3))
 
 
+def swiglu_padded(inter: int) -> int:
+    """The gate (and up) rows swiglu_rows gives an intermediate size: inter rounded up to 32."""
+    return -(-inter // SWIGLU_HALF) * SWIGLU_HALF
+
+
 def swiglu_rows(w: np.ndarray) -> np.ndarray:
-    """[2 inter, in] rows [gate | up] -> [2 inter', in] rows in the op's SwiGLU order, inter' = inter rounded
-    up to 32: block b holds gate rows 32 b..32 b + 31 then up rows 32 b..32 b + 31, zero rows past inter."""
+    """[2 inter, in] rows [gate | up] -> [2 inter', in] rows in the op's SwiGLU order, inter' = swiglu_padded(inter):
+    block b holds gate rows 32 b..32 b + 31 then up rows 32 b..32 b + 31, zero rows past inter."""
     inter, in_features = w.shape[0] // 2, w.shape[1]
-    blocks = -(-inter // SWIGLU_HALF)
-    halves = np.zeros((2, blocks * SWIGLU_HALF, in_features), w.dtype)  # gate, up, each padded
+    padded = swiglu_padded(inter)
+    halves = np.zeros((2, padded, in_features), w.dtype)  # gate, up, each padded
     halves[0, :inter], halves[1, :inter] = w[:inter], w[inter:]
+    blocks = padded // SWIGLU_HALF
     return halves.reshape(2, blocks, SWIGLU_HALF, in_features).transpose(1, 0, 2, 3).reshape(-1, in_features)
 
 
@@ -187,9 +194,7 @@ class PackedLinearMethod(LinearMethod):
         if not kind_fits(self.kind, layer.in_features):
             self._dense = UnquantizedLinearMethod()
             return self._dense.create_weights(layer)
-        rows = layer.out_features
-        if layer.activation == "swiglu":  # swiglu_rows' padding
-            rows = 2 * -(-rows // 2 // SWIGLU_HALF) * SWIGLU_HALF
+        rows = 2 * swiglu_padded(layer.out_features // 2) if layer.activation == "swiglu" else layer.out_features
         size = packed_bytes(self.kind, rows, layer.in_features)
         return empty_parameter([size], "uint8", layer.weight_loader)
 
