@@ -84,8 +84,9 @@ def build_tokenizer(template: str = "fd"):
     return tokenizer
 
 
-def tiny_vl_config(**text_overrides):
-    """transformers' Ernie4_5_VLMoeConfig of the tiny model (2 text layers: dense then sparse)."""
+def tiny_vl_config(vision_overrides=None, **text_overrides):
+    """transformers' Ernie4_5_VLMoeConfig of the tiny model (2 text layers: dense then sparse);
+    vision_overrides: vision_config keys (e.g. patch_size, spatial_merge_size)."""
     from transformers import Ernie4_5_VLMoeConfig
 
     text = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -97,17 +98,18 @@ def tiny_vl_config(**text_overrides):
     text.update(text_overrides)
     vision = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=14,
                   spatial_merge_size=2, temporal_merge_size=2, initializer_range=0.2)
+    vision.update(vision_overrides or {})
     return Ernie4_5_VLMoeConfig(text_config=text, vision_config=vision, **TOKEN_IDS)
 
 
-def build_tiny_vl(directory, template: str = "fd", seed: int = 0) -> Path:
+def build_tiny_vl(directory, template: str = "fd", seed: int = 0, vision_overrides=None) -> Path:
     """Write the tiny random checkpoint (model + tokenizer + template) to `directory`; returns it."""
     import torch
     from transformers import Ernie4_5_VLMoeForConditionalGeneration
 
     directory = Path(directory)
     torch.manual_seed(seed)
-    model = Ernie4_5_VLMoeForConditionalGeneration(tiny_vl_config()).eval()
+    model = Ernie4_5_VLMoeForConditionalGeneration(tiny_vl_config(vision_overrides)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name or name.endswith((".ln.weight", "correction_bias")):
@@ -177,3 +179,60 @@ def flat_config(hf: dict) -> dict:
                            hidden_act=vision["hidden_act"], patch_size=vision["patch_size"],
                            in_channels=vision["in_channels"], spatial_merge_size=vision["spatial_merge_size"]))
     return config
+
+
+# A preprocessor_config.json whose every value differs from the built-in defaults (patch 14, merge 2,
+# image pixels [4, 6177] x 28^2, BICUBIC, 1/255, CLIP mean/std, video pixels [299, 1196] x 28^2,
+# 2 fps, 16-180 frames, "leading"), in both key styles; the checkpoint's vision tower must match
+# (CUSTOM_VISION).
+CUSTOM_VISION = {"patch_size": 16, "spatial_merge_size": 3}
+CUSTOM_FACTOR = 16 * 3
+CUSTOM_COMMON = {"patch_size": 16, "resample": 2, "rescale_factor": 1 / 200, "image_mean": [0.5, 0.4, 0.3],
+                 "image_std": [0.2, 0.25, 0.3], "video_min_pixels": 48 * 48 * 2, "video_max_pixels": 48 * 48 * 4,
+                 "video_fps": 3, "video_min_frames": 4, "video_max_frames": 10, "video_frames_sample": "middle"}
+CUSTOM_MIN_PIXELS, CUSTOM_MAX_PIXELS = 48 * 48 * 2, 48 * 48 * 9
+PREPROCESSOR_STYLES = {
+    "hf": {"image_processor_type": "Ernie4_5_VLMoeImageProcessorPil", "merge_size": 3, "temporal_patch_size": 1,
+           "size": {"shortest_edge": CUSTOM_MIN_PIXELS, "longest_edge": CUSTOM_MAX_PIXELS}, "do_resize": True,
+           "do_normalize": True, **CUSTOM_COMMON},
+    "fd": {"image_processor_type": "AdaptiveImageProcessor", "spatial_conv_size": 3, "temporal_conv_size": 2,
+           "min_pixels": CUSTOM_MIN_PIXELS, "max_pixels": CUSTOM_MAX_PIXELS, **CUSTOM_COMMON},
+}
+
+
+def write_preprocessor_config(directory, style: str, **changes) -> Path:
+    """Write PREPROCESSOR_STYLES[style] (with `changes`) as `directory`/preprocessor_config.json; returns the path."""
+    path = Path(directory) / "preprocessor_config.json"
+    path.write_text(json.dumps({**PREPROCESSOR_STYLES[style], **changes}))
+    return path
+
+
+def make_processor(model_dir, **kwargs):
+    """Our VLInputProcessor on checkpoint `model_dir`, built as the engine builds it (LLM keyword `kwargs`)."""
+    from fastdeploy.engine.args_utils import EngineArgs
+    from fastdeploy.input.tokenizer_loader import load_model_tokenizer
+    from fastdeploy.input.vl_processor import VLInputProcessor
+
+    model_dir = Path(model_dir)
+    kwargs = {"max_model_len": 1024, "num_gpu_blocks_override": 80, "block_size": 16, **kwargs}
+    args = EngineArgs.from_kwargs(str(model_dir), kwargs)
+    config = args.create_engine_config(str(model_dir), json.loads((model_dir / "config.json").read_text()), {})
+    return VLInputProcessor(config, load_model_tokenizer(model_dir))
+
+
+def hf_image_processor_pipeline(model_dir, **image_kwargs):
+    """transformers' Ernie4_5_VLMoeProcessor for images on `model_dir` (its tokenizer and its PIL image
+    processor read from the directory's preprocessor_config.json, `image_kwargs` over it). The stock class
+    needs a video processor, which needs torchvision; this subclass leaves it out."""
+    from transformers import AutoTokenizer, Ernie4_5_VLMoeImageProcessorPil, Ernie4_5_VLMoeProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnlyProcessor(Ernie4_5_VLMoeProcessor):
+        def __init__(self, image_processor, tokenizer):
+            for name in ("image", "image_start", "image_end", "video", "video_start", "video_end"):
+                setattr(self, f"{name}_token", getattr(tokenizer, f"{name}_token"))
+                setattr(self, f"{name}_token_id", getattr(tokenizer, f"{name}_token_id"))
+            ProcessorMixin.__init__(self, image_processor, tokenizer)
+
+    image_processor = Ernie4_5_VLMoeImageProcessorPil.from_pretrained(model_dir, **image_kwargs)
+    return ImageOnlyProcessor(image_processor, AutoTokenizer.from_pretrained(model_dir))

@@ -7,17 +7,21 @@ A prompt marks where each item goes in one of two ways (both may be mixed):
     one per item; an id prompt may also hold the item's full run). In FastDeploy's Paddle checkpoints
     videos use the image placeholder id too; a run right after `<|VIDEO_START|>` is then a video.
 Items fill the marks in prompt order, per modality. Each mark becomes `length` placeholder ids, the
-item's encoder rows: an image of h x w patches gives h*w/4, a video of t frames t*h*w/8. A mark whose
+item's encoder rows: with merge size m (2 unless the checkpoint says otherwise) an image of h x w
+patches gives h*w/m^2, a video of t frames (t/2)*h*w/m^2. A mark whose
 run is neither 1 nor `length` long, or a count of marks that differs from the count of items, is a
 ValueError, as is a prompt with more items than `limit_mm_per_prompt` allows.
 
 Positions are `[3, n]` (t, h, w), FastDeploy's rule (process.py `_compute_3d_positions`), equal to
 transformers' `get_rope_index` for images: a text token has `(p, p, p)` and advances p by one; an item's
-token at (frame pair ti, row r, column c) has `(p + ti, p + r, p + c)`, and p continues at the largest
+token at (frame pair ti, block row r, block column c) has `(p + ti, p + r, p + c)`, and p continues at the largest
 of them + 1. (transformers continues at p + max(rows, columns) after a video, which differs when a video
 has more frame pairs than rows and columns.) `token_type_ids` are 1 on image placeholders, 2 on video
 placeholders and 0 elsewhere (START/END delimiters are text here, as in FastDeploy and transformers'
 mm_token_type_ids; the model routes them to the vision experts by id).
+Pixels follow input/vl_settings.py: the checkpoint's preprocessor_config.json under
+`mm_processor_kwargs`; a patch or merge size that differs from config.json's vision tower is a
+ValueError when the processor is built.
 """
 from __future__ import annotations
 
@@ -31,8 +35,9 @@ import numpy as np
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input import image_processor as improc
 from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt
-from fastdeploy.input.video_processor import VideoSampling, sample_video
-from fastdeploy.model_executor.models.ernie4_5_vl.config import token_ids
+from fastdeploy.input.video_processor import sample_video
+from fastdeploy.input.vl_settings import VLSettings
+from fastdeploy.model_executor.models.ernie4_5_vl.config import token_ids, vision_config
 from fastdeploy.multimodal import media
 from fastdeploy.multimodal.inputs import MultiModalFeature
 
@@ -41,54 +46,6 @@ VIDEO_MARKER = "<|video@placeholder|>"
 MODALITIES = ("image", "video")
 TOKEN_TYPE = {"image": 1, "video": 2}
 DEFAULT_LIMIT_MM_PER_PROMPT = {"image": 1, "video": 1, "audio": 1}
-
-# FastDeploy's mm_processor_kwargs (ernie4_5_vl_processor.py `_parse_processor_kwargs`): key -> accepted types
-MM_PROCESSOR_KWARGS = {
-    "spatial_conv_size": int, "temporal_conv_size": int,
-    "image_min_pixels": int, "image_max_pixels": int, "video_min_pixels": int, "video_max_pixels": int,
-    "video_target_frames": int, "video_frames_sample": str, "video_max_frames": int, "video_min_frames": int,
-    "video_fps": (int, float),
-}
-
-
-@dataclass(frozen=True)
-class VLSettings:
-    """The processor's settings after `mm_processor_kwargs` (FastDeploy's defaults otherwise)."""
-
-    image_min_pixels: int = improc.IMAGE_MIN_PIXELS
-    image_max_pixels: int = improc.IMAGE_MAX_PIXELS
-    video_min_pixels: int = improc.VIDEO_MIN_PIXELS
-    video_max_pixels: int = improc.VIDEO_MAX_PIXELS
-    video: VideoSampling = field(default_factory=VideoSampling)
-
-    @classmethod
-    def from_kwargs(cls, kwargs: Optional[dict]) -> "VLSettings":
-        """Validate `mm_processor_kwargs`: ValueError for an unknown key, a wrong type or a bad value
-        (FastDeploy logs and ignores the whole dict instead)."""
-        kwargs = dict(kwargs or {})
-        unknown = sorted(set(kwargs) - set(MM_PROCESSOR_KWARGS))
-        if unknown:
-            raise ValueError(f"mm_processor_kwargs has unknown key(s) {unknown}; accepted: {sorted(MM_PROCESSOR_KWARGS)}")
-        for key, value in kwargs.items():
-            kinds = MM_PROCESSOR_KWARGS[key]
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise ValueError(f"mm_processor_kwargs[{key!r}]={value!r} has type {type(value).__name__}; "
-                                 f"expected {getattr(kinds, '__name__', 'int or float')}")
-        for key in ("spatial_conv_size", "temporal_conv_size"):  # fixed by the checkpoint's resampler
-            if kwargs.pop(key, 2) != 2:
-                raise ValueError(f"mm_processor_kwargs[{key!r}] must be 2 (the resampler merges 2), got {kwargs.get(key)}")
-        for key in ("image_min_pixels", "image_max_pixels", "video_min_pixels", "video_max_pixels"):
-            if key in kwargs and kwargs[key] <= 0:
-                raise ValueError(f"mm_processor_kwargs[{key!r}] must be positive, got {kwargs[key]}")
-        video = {name: kwargs.pop(f"video_{name}") for name in ("fps", "min_frames", "max_frames", "target_frames",
-                                                                 "frames_sample") if f"video_{name}" in kwargs}
-        settings = cls(**kwargs, video=VideoSampling().with_overrides(video))
-        for kind in MODALITIES:
-            low, high = getattr(settings, f"{kind}_min_pixels"), getattr(settings, f"{kind}_max_pixels")
-            if low > high:
-                raise ValueError(f"mm_processor_kwargs: {kind}_min_pixels={low} exceeds {kind}_max_pixels={high}")
-        return settings
-
 
 def merge_mm_limits(limits: Optional[dict]) -> dict:
     """`limit_mm_per_prompt` over FastDeploy's default of 1 per modality; ValueError for a bad entry."""
@@ -144,7 +101,7 @@ class _Item:
     """One preprocessed image/video before it is placed."""
 
     modality: str
-    pixel_values: np.ndarray  # [num_patches, 588] float32
+    pixel_values: np.ndarray  # [num_patches, 3 * patch_size^2] float32
     grid_thw: tuple
     length: int  # placeholder tokens
     mm_hash: str
@@ -159,7 +116,8 @@ class VLInputProcessor(InputProcessor):
     def __init__(self, fd_config, tokenizer):
         super().__init__(fd_config, tokenizer)
         self.token_ids = token_ids(fd_config.model_config.hf_config, tokenizer)  # as the model (config.py)
-        self.settings = VLSettings.from_kwargs(fd_config.mm_processor_kwargs)
+        self.settings = VLSettings.load(fd_config.model_path, fd_config.mm_processor_kwargs)
+        check_against_model(self.settings, fd_config.model_config.hf_config)
         self.limits = merge_mm_limits(fd_config.limit_mm_per_prompt)
 
     def check_limits(self, counts: dict, index: Optional[int] = None) -> None:
@@ -183,6 +141,7 @@ class VLInputProcessor(InputProcessor):
         ids, marks = self._marked_ids(prompt, prompt_token_ids)
         items = self._match_items(marks, mm_data, index)
         ids, token_types, features = self._place(ids, marks, items, index)
+        merge = self.settings.pixels.merge_size
         budget = self.config.scheduler_config.max_num_batched_tokens
         for n, feature in enumerate(features):
             if feature.length > budget:  # a step computes an item whole (engine/sched/scheduler.py)
@@ -190,7 +149,7 @@ class VLInputProcessor(InputProcessor):
                                  f"max_num_batched_tokens={budget}: raise it, or lower the "
                                  f"{feature.modality}_max_pixels / video_max_frames of mm_processor_kwargs")
         prepared = super().process(prompt, ids, params, index)
-        prepared.positions = mrope_positions(token_types, features)
+        prepared.positions = mrope_positions(token_types, features, merge)
         prepared.token_type_ids = token_types
         prepared.mm_features = features
         return prepared
@@ -252,8 +211,8 @@ class VLInputProcessor(InputProcessor):
         if not all(hasattr(image, a) for a in ("height", "width", "convert")):
             raise TypeError(f"image {n}{where} must be a PIL image, got {type(image).__name__}")
         s = self.settings
-        pixels, grid = improc.preprocess_image(image, s.image_min_pixels, s.image_max_pixels)
-        return _Item("image", pixels, grid, grid[1] * grid[2] // 4, feature_hash(pixels, grid))
+        pixels, grid = improc.preprocess_image(image, s.image_min_pixels, s.image_max_pixels, s.pixels)
+        return _Item("image", pixels, grid, grid[1] * grid[2] // s.pixels.merge_size**2, feature_hash(pixels, grid))
 
     def _video(self, video, n: int, where: str) -> _Item:
         sampling = self.settings.video
@@ -266,8 +225,9 @@ class VLInputProcessor(InputProcessor):
             raise TypeError(f"video {n}{where} must be a path, bytes or a dict with 'video', got {type(video).__name__}")
         s = self.settings
         frames = sample_video(video, sampling)
-        pixels, grid = improc.preprocess_frames(frames, s.video_min_pixels, s.video_max_pixels)
-        return _Item("video", pixels, grid, grid[0] * grid[1] * grid[2] // 8, feature_hash(pixels, grid))
+        pixels, grid = improc.preprocess_frames(frames, s.video_min_pixels, s.video_max_pixels, s.pixels)
+        length = grid[0] // 2 * grid[1] * grid[2] // s.pixels.merge_size**2  # frame pairs x merge blocks
+        return _Item("video", pixels, grid, length, feature_hash(pixels, grid))
 
     # ---- placing ------------------------------------------------------------------------------------
     def _place(self, ids: list[int], marks: list[tuple], items: list[_Item], index: Optional[int]):
@@ -290,6 +250,21 @@ class VLInputProcessor(InputProcessor):
         return out, np.asarray(types, dtype=np.int64), features
 
 
+def check_against_model(settings: VLSettings, hf_config: dict) -> None:
+    """ValueError when the preprocessor's patch or merge size differs from the vision tower's (config.json
+    `vision_config.patch_size` / `spatial_merge_size`, or a flat config's `spatial_conv_size`)."""
+    vision = vision_config(hf_config)
+    for setting, model_value, model_key in (("patch_size", vision.patch_size, "patch_size"),
+                                            ("merge_size", vision.spatial_merge_size, "spatial_merge_size")):
+        value = getattr(settings.pixels, setting)
+        if value != model_value:
+            raise ValueError(f"the image processor's {setting}={value} ({settings.source(setting)}) differs from "
+                             f"config.json's vision {model_key}={model_value}: the processor and the vision tower "
+                             "must agree")
+    if vision.in_channels != 3:
+        raise ValueError(f"config.json's vision in_channels={vision.in_channels}: the image processor gives RGB (3)")
+
+
 def feature_hash(pixel_values: np.ndarray, grid_thw: tuple) -> str:
     """sha256 hex of the item's grid and float32 patch bytes (equal pixels and grid -> equal hash)."""
     h = hashlib.sha256(np.asarray(grid_thw, dtype=np.int64).tobytes())
@@ -297,8 +272,9 @@ def feature_hash(pixel_values: np.ndarray, grid_thw: tuple) -> str:
     return h.hexdigest()
 
 
-def mrope_positions(token_type_ids: np.ndarray, features: list[MultiModalFeature]) -> np.ndarray:
-    """[3, n] int64 (t, h, w) positions of a prompt (module docstring's rule)."""
+def mrope_positions(token_type_ids: np.ndarray, features: list[MultiModalFeature], merge: int = 2) -> np.ndarray:
+    """[3, n] int64 (t, h, w) positions of a prompt (module docstring's rule; `merge`: the merge size,
+    the side of the patch blocks one placeholder stands for)."""
     n = len(token_type_ids)
     positions = np.empty((3, n), dtype=np.int64)
     cursor, p = 0, 0
@@ -308,7 +284,7 @@ def mrope_positions(token_type_ids: np.ndarray, features: list[MultiModalFeature
         p += text
         t, h, w = feature.grid_thw
         pairs = 1 if feature.modality == "image" else t // 2
-        ti, r, c = np.meshgrid(np.arange(pairs), np.arange(h // 2), np.arange(w // 2), indexing="ij")
+        ti, r, c = np.meshgrid(np.arange(pairs), np.arange(h // merge), np.arange(w // merge), indexing="ij")
         block = np.stack([ti.reshape(-1), r.reshape(-1), c.reshape(-1)]) + p  # [3, length]
         positions[:, feature.offset:feature.offset + feature.length] = block
         p = int(block.max()) + 1

@@ -8,23 +8,13 @@ import pytest
 import torch
 
 from vl_fakes import random_image
-from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.input.vl_processor import IMAGE_MARKER, VIDEO_MARKER, MultiModalData, VLInputProcessor, VLSettings
-from vl_helpers import TOKEN_IDS, color_frames, flat_config, write_mp4
+from fastdeploy.input.vl_processor import IMAGE_MARKER, VIDEO_MARKER, MultiModalData, VLSettings
+from vl_helpers import TOKEN_IDS, color_frames, flat_config, make_processor, write_mp4
 
 IMAGE, VIDEO = TOKEN_IDS["image_token_id"], TOKEN_IDS["video_token_id"]
 TINY_VIDEO = {"video_min_pixels": 28 * 28 * 4, "video_max_pixels": 28 * 28 * 6, "video_min_frames": 4,
               "video_fps": 2}
-
-
-def make_processor(model_dir, **kwargs):
-    from fastdeploy.input.tokenizer_loader import load_model_tokenizer
-
-    kwargs = {"max_model_len": 1024, "num_gpu_blocks_override": 80, "block_size": 16, **kwargs}
-    args = EngineArgs.from_kwargs(str(model_dir), kwargs)
-    config = args.create_engine_config(str(model_dir), json.loads((model_dir / "config.json").read_text()), {})
-    return VLInputProcessor(config, load_model_tokenizer(model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +195,7 @@ def test_item_longer_than_the_step_budget(vl_dir):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"image_max_pixel": 10}, "unknown key"), ({"video_fps": "2"}, "video_fps"), ({"image_min_pixels": 1.5}, "image_min_pixels"),
-    ({"spatial_conv_size": 4}, "spatial_conv_size"), ({"image_min_pixels": 10_000, "image_max_pixels": 100}, "exceeds"),
+    ({"temporal_conv_size": 4}, "temporal_conv_size"), ({"image_min_pixels": 10_000, "image_max_pixels": 100}, "exceeds"),
     ({"video_frames_sample": "rand"}, "frames_sample"), ({"video_max_frames": True}, "video_max_frames"),
 ])
 def test_mm_processor_kwargs_errors(kwargs, match):

@@ -170,14 +170,22 @@ def _vision_flat(hf: dict) -> VisionConfig:
         layer_norm_eps=1e-6, rope_theta=10000.0)
 
 
-def encoder_parameters(hf: dict) -> tuple[list[tuple[int, int]], int]:
-    """The vision tower's and resampler's parameters, from config.json `hf` (either format, or the text
-    keys merged to the top level as ModelConfig.hf_config holds them): ([(in_features, out_features)] of
-    each linear weight, count of the other values: biases and norm weights). ValueError naming a missing key."""
+def vision_config(hf: dict) -> VisionConfig:
+    """The vision tower's settings from config.json `hf` (either format, or the text keys merged to the
+    top level as ModelConfig.hf_config holds them). ValueError naming a missing key."""
     try:
-        nested = isinstance(hf.get("text_config"), dict)
-        vision = _vision_nested(hf["vision_config"]) if nested else _vision_flat(hf)
-        text_hidden = hf["text_config"]["hidden_size"] if nested else hf["hidden_size"]
+        return _vision_nested(hf["vision_config"]) if isinstance(hf.get("text_config"), dict) else _vision_flat(hf)
+    except KeyError as e:
+        raise ValueError(f"ERNIE-4.5-VL config.json lacks the required key {e.args[0]!r}") from None
+
+
+def encoder_parameters(hf: dict) -> tuple[list[tuple[int, int]], int]:
+    """The vision tower's and resampler's parameters, from config.json `hf` (as vision_config): ([(in_features,
+    out_features)] of each linear weight, count of the other values: biases and norm weights). ValueError
+    naming a missing key."""
+    vision = vision_config(hf)
+    try:
+        text_hidden = hf["text_config"]["hidden_size"] if isinstance(hf.get("text_config"), dict) else hf["hidden_size"]
     except KeyError as e:
         raise ValueError(f"ERNIE-4.5-VL config.json lacks the required key {e.args[0]!r}") from None
     h, inner = vision.hidden_size, vision.intermediate_size

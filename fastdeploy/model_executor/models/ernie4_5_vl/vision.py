@@ -1,8 +1,8 @@
 """ERNIE-4.5-VL's vision transformer ("DFNRope" ViT; transformers 5.23
 Ernie4_5_VLMoeVisionTransformerPretrainedModel, FastDeploy dfnrope/modeling.py).
 
-pixel_values [N, C * p * p] (one row per 14 x 14 patch, channel-major, rows in the processor's
-merge-block order: per frame [h / 2, w / 2, 2, 2]) -> patch_embed (Linear, no bias) -> `depth` pre-norm
+pixel_values [N, C * p * p] (one row per p x p patch, channel-major, rows in the processor's
+merge-block order: per frame [h / m, w / m, m, m], m = spatial_merge_size) -> patch_embed (Linear, no bias) -> `depth` pre-norm
 blocks -> LayerNorm -> [N, hidden]. A block: x += proj(attention(rope(q), rope(k), v)) over
 qkv = Linear(LayerNorm1(x)), then x += fc2(quick_gelu(fc1(LayerNorm2(x)))); quick_gelu(x) =
 x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the same frame.
@@ -82,12 +82,13 @@ class LayerNorm(paddle.nn.Layer):
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
 
-def patch_positions(grid_thw: list) -> np.ndarray:
-    """[N, 2] (row, column) of every patch of the items (t, h, w), in merge-block order, frame by frame."""
+def patch_positions(grid_thw: list, merge: int = 2) -> np.ndarray:
+    """[N, 2] (row, column) of every patch of the items (t, h, w), in the order of merge x merge blocks,
+    frame by frame."""
     parts = []
     for t, h, w in grid_thw:
         rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")  # [h, w]
-        block = (h // 2, 2, w // 2, 2)
+        block = (h // merge, merge, w // merge, merge)
         frame = np.stack([rows.reshape(block).transpose(0, 2, 1, 3).reshape(-1),
                           cols.reshape(block).transpose(0, 2, 1, 3).reshape(-1)], axis=1)
         parts.append(np.tile(frame, (t, 1)))
@@ -162,7 +163,7 @@ class VisionTransformer(paddle.nn.Layer):
 
     def rope_tables(self, grid_thw: list) -> tuple:
         """(rows [N], cos [N, d], sin_signed [N, d]) of every patch of the items."""
-        positions = patch_positions(grid_thw).astype(np.float32)  # [N, 2]
+        positions = patch_positions(grid_thw, self.config.spatial_merge_size).astype(np.float32)  # [N, 2]
         angles = np.concatenate([positions[:, :1] * self.inv_freq, positions[:, 1:] * self.inv_freq], axis=1)
         cos, sin_signed = rotation_tables(angles)  # [N, d / 2] angles -> [N, d]
         return paddle.arange(positions.shape[0], dtype="int64"), cos, sin_signed
