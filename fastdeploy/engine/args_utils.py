@@ -77,11 +77,12 @@ class EngineArgs:
             and vLLM's: the model's logits, before penalties, masks and temperature) or
             "processed_logprobs" (after penalties, masks and temperature; before top-k/top-p/min-p).
             Prompt logprobs are always raw.
-        mm_processor_kwargs: image/video preprocessing of multimodal checkpoints, FastDeploy's keys
-            (`image_min_pixels`, `image_max_pixels`, `video_min_pixels`, `video_max_pixels`, `video_fps`,
-            `video_min_frames`, `video_max_frames`, `video_target_frames`, `video_frames_sample`,
-            `spatial_conv_size`, `temporal_conv_size`); an unknown key or a wrong type is a ValueError
-            (FastDeploy logs and ignores it). See input/vl_processor.py.
+        mm_processor_kwargs: image/video preprocessing of multimodal checkpoints, over the checkpoint's
+            preprocessor_config.json: FastDeploy's keys (`image_min_pixels`, `image_max_pixels`,
+            `video_min_pixels`, `video_max_pixels`, `video_fps`, `video_min_frames`, `video_max_frames`,
+            `video_target_frames`, `video_frames_sample`, `spatial_conv_size`, `temporal_conv_size`) and
+            `image_mean`, `image_std`, `rescale_factor`, `resample`; an unknown key or a wrong type is a
+            ValueError (FastDeploy logs and ignores it). See input/vl_settings.py.
         limit_mm_per_prompt: most items of each modality one prompt may hold, merged over FastDeploy's
             default {"image": 1, "video": 1, "audio": 1}; chat `image_url`/`video_url` parts count too.
         enable_mm: deprecated and ignored, as in FastDeploy (a DeprecationWarning): whether a model
