@@ -11,7 +11,9 @@ chat template:
 Both end with `\\nAssistant: ` and `<think>\\n\\n</think>\\n\\n` unless `enable_thinking` is true
 (then `<think>\\n`). Recipe: ../shared/reference/ernie-4.5-vl.md §13.
 Norm weights, biases and MoE correction biases are randomised so that a wrong routing or a dropped
-bias shows in the logits.
+bias shows in the logits. `vision_overrides` change the vision tower (e.g. CUSTOM_VISION, patch 16 and
+merge 3), and `write_preprocessor_config` adds a preprocessor_config.json that differs from every
+built-in default, in transformers' or FastDeploy's key style.
 """
 from __future__ import annotations
 
@@ -186,7 +188,6 @@ def flat_config(hf: dict) -> dict:
 # 2 fps, 16-180 frames, "leading"), in both key styles; the checkpoint's vision tower must match
 # (CUSTOM_VISION).
 CUSTOM_VISION = {"patch_size": 16, "spatial_merge_size": 3}
-CUSTOM_FACTOR = 16 * 3
 CUSTOM_COMMON = {"patch_size": 16, "resample": 2, "rescale_factor": 1 / 200, "image_mean": [0.5, 0.4, 0.3],
                  "image_std": [0.2, 0.25, 0.3], "video_min_pixels": 48 * 48 * 2, "video_max_pixels": 48 * 48 * 4,
                  "video_fps": 3, "video_min_frames": 4, "video_max_frames": 10, "video_frames_sample": "middle"}

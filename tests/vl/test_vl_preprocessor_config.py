@@ -21,13 +21,14 @@ from fastdeploy.input.video_processor import VideoSampling, sample_video
 from fastdeploy.input.vl_processor import MultiModalData
 from fastdeploy.input.vl_settings import VLSettings
 from vl_fakes import random_image
-from vl_helpers import (CUSTOM_MAX_PIXELS, CUSTOM_MIN_PIXELS, CUSTOM_VISION, PREPROCESSOR_STYLES, TOKEN_IDS,
+from vl_helpers import (CUSTOM_MIN_PIXELS, CUSTOM_VISION, PREPROCESSOR_STYLES, TOKEN_IDS,
                         build_tiny_vl, color_frames, hf_image_processor_pipeline, load_hf_model, make_processor,
                         write_mp4, write_preprocessor_config)
 
 IMAGE, VIDEO = TOKEN_IDS["image_token_id"], TOKEN_IDS["video_token_id"]
 VISION_IDS = sorted(TOKEN_IDS.values())
-PROMPT = "<|begin_of_sentence|>User: Picture 1:<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>What is it?\nAssistant: "
+PROMPT = ("<|begin_of_sentence|>User: Picture 1:<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>What is it?"
+          "\nAssistant: ")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,8 @@ def test_both_key_styles_read_the_same_non_default_settings(custom_dirs):
     for f in dataclasses.fields(VideoSampling):
         if f.name != "target_frames":  # set apart below: it switches fps sampling off
             assert getattr(hf.video, f.name) != getattr(default.video, f.name), f.name
-    assert hf.source("merge_size").endswith("key 'merge_size'") and fd.source("merge_size").endswith("'spatial_conv_size'")
+    assert hf.source("merge_size").endswith("key 'merge_size'")
+    assert fd.source("merge_size").endswith("key 'spatial_conv_size'")
     assert VLSettings.load(custom_dirs["hf"].parent / "no_such_dir") == default  # no file: the defaults
 
 
@@ -76,7 +78,8 @@ def test_size_wins_over_flat_keys_as_in_transformers(custom_dirs, tmp_path):
     shutil.copytree(custom_dirs["hf"], tmp_path, dirs_exist_ok=True)
     write_preprocessor_config(tmp_path, "hf", min_pixels=48 * 48 * 6, max_pixels=48 * 48 * 7)
     image = random_image(100, 150)
-    ours = make_processor(tmp_path).process(PROMPT, None, SamplingParams(max_tokens=2), 0, MultiModalData(image=[image]))
+    ours = make_processor(tmp_path).process(PROMPT, None, SamplingParams(max_tokens=2), 0,
+                                            MultiModalData(image=[image]))
     ref = hf_image_processor_pipeline(tmp_path)(images=[image], text=[PROMPT], return_tensors="np")
     assert ours.mm_features[0].grid_thw == tuple(int(v) for v in ref["image_grid_thw"][0]) == (1, 6, 9)
 
@@ -89,9 +92,10 @@ def test_mm_processor_kwargs_override_the_file(custom_dirs, style):
     proc = make_processor(custom_dirs[style], mm_processor_kwargs=kwargs)
     assert proc.settings.source("resample") == "mm_processor_kwargs['resample']"
     ours = proc.process(PROMPT, None, SamplingParams(max_tokens=2), 0, MultiModalData(image=[image]))
-    hf_kwargs = {"size": {"shortest_edge": CUSTOM_MIN_PIXELS, "longest_edge": 48 * 48 * 4}, "image_mean": [0.1, 0.2, 0.3],
-                 "image_std": [0.3, 0.3, 0.3], "resample": 0, "rescale_factor": 1 / 255}
-    ref = hf_image_processor_pipeline(custom_dirs["hf"], **hf_kwargs)(images=[image], text=[PROMPT], return_tensors="np")
+    hf_kwargs = {"size": {"shortest_edge": CUSTOM_MIN_PIXELS, "longest_edge": 48 * 48 * 4},
+                 "image_mean": [0.1, 0.2, 0.3], "image_std": [0.3, 0.3, 0.3], "resample": 0, "rescale_factor": 1 / 255}
+    hf = hf_image_processor_pipeline(custom_dirs["hf"], **hf_kwargs)
+    ref = hf(images=[image], text=[PROMPT], return_tensors="np")
     (feature,) = ours.mm_features
     assert feature.grid_thw == tuple(int(v) for v in ref["image_grid_thw"][0]) == (1, 3, 6)  # the file: (1, 6, 9)
     np.testing.assert_array_equal(feature.pixel_values, ref["pixel_values"])

@@ -2,8 +2,8 @@
 Ernie4_5_VLMoeVisionTransformerPretrainedModel, FastDeploy dfnrope/modeling.py).
 
 pixel_values [N, C * p * p] (one row per p x p patch, channel-major, rows in the processor's
-merge-block order: per frame [h / m, w / m, m, m], m = spatial_merge_size) -> patch_embed (Linear, no bias) -> `depth` pre-norm
-blocks -> LayerNorm -> [N, hidden]. A block: x += proj(attention(rope(q), rope(k), v)) over
+merge-block order: per frame [h / m, w / m, m, m], m = spatial_merge_size) -> patch_embed (Linear,
+no bias) -> `depth` pre-norm blocks -> LayerNorm -> [N, hidden]. A block: x += proj(attention(rope(q), rope(k), v)) over
 qkv = Linear(LayerNorm1(x)), then x += fc2(quick_gelu(fc1(LayerNorm2(x)))); quick_gelu(x) =
 x * sigmoid(1.702 x). Attention is non-causal and sees only the patches of the same frame.
 RoPE is 2-D axial, rotate-half: with head_dim d and inv_freq = theta^(-4j / d) (j < d / 4), pair
