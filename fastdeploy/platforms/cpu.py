@@ -152,8 +152,8 @@ def collapse_into_huge_pages(tensors) -> int:
 
     Decode streams every weight from memory each step. With 4 KiB pages, the hardware prefetchers stop at
     each page boundary and each page costs a TLB entry; with 2 MiB pages the same kernels read faster
-    (benchmarks/README.md, "Huge pages"). THP is often "madvise" only, so tensors Paddle allocated are in
-    4 KiB pages; MADV_COLLAPSE (Linux 6.1) moves the pages already written into huge pages synchronously,
+    (benchmarks/README.md at commit 9c89004, "Huge pages"). THP is often "madvise" only, so tensors
+    Paddle allocated are in 4 KiB pages; MADV_COLLAPSE (Linux 6.1) moves the pages already written into huge pages synchronously,
     whatever the system setting. Where the kernel refuses (older kernels, THP disabled for the process, no
     free 2 MiB page), nothing changes and that page counts 0 bytes."""
     try:
