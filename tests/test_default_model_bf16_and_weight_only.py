@@ -4,16 +4,16 @@ The checkpoint: transformers loads SmolLM2-135M-Instruct's GGUF (dequantized to 
 oracle model) and this module saves it as an HF directory with its tokenizer. Oracle: transformers
 float32 on the same weights. Our `dtype="bfloat16"` must give its 16 greedy tokens on >= 28 of 32 chat
 prompts; the perplexity of a fixed English text under `quantization="wint8"` / `"wint4"` must be within
-1% / 5% of its (issue 15's bars).
+1% / 5% of its.
 
-Issue 15 asks for bf16 greedy equal to transformers *bf16* on 28 of 32; measured here (2026-11-24):
+bf16 greedy equal to transformers *bf16* on 28 of 32 was the first idea; measured here (2026-11-24):
 transformers bf16 agrees with transformers float32 on 20 of these 32 prompts, ours bf16 on 31, and
 ours bf16 with transformers bf16 on 19 (2026-11-26, with the KV cache in bf16 too: ours bf16 on 29,
 from the HF directory and from the GGUF file alike, as the float32 cache gave in the same run).
 transformers bf16 runs every op in bf16 (the residual stream, norms, attention, the KV cache); ours
 holds the weights and the KV cache in bf16 and rounds each matmul's input, everything else float32.
 A bar against transformers bf16 would reward reproducing its errors, so the oracle is float32 and the
-bar the issue's count.
+bar that count.
 """
 import copy
 

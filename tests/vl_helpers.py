@@ -9,7 +9,7 @@ chat template:
   - "hf": transformers' style: a single `<|IMAGE_PLACEHOLDER|>` / `<|VIDEO_PLACEHOLDER|>` inside the
     START/END tokens (the processor expands it).
 Both end with `\\nAssistant: ` and `<think>\\n\\n</think>\\n\\n` unless `enable_thinking` is true
-(then `<think>\\n`). Recipe: ../shared/reference/ernie-4.5-vl.md §13.
+(then `<think>\\n`).
 Norm weights, biases and MoE correction biases are randomised so that a wrong routing or a dropped
 bias shows in the logits. `vision_overrides` change the vision tower (e.g. CUSTOM_VISION, patch 16 and
 merge 3), and `write_preprocessor_config` adds a preprocessor_config.json that differs from every

@@ -213,7 +213,7 @@ inline void StoreRow(const __m512* sums, const Epilogue& out, int64_t cols, floa
 // 128) bytes of y are one run of memory. `stream` (a y of kStreamBytes or more: a prefill's, a batch's
 // logits): a whole panel's rows go out with non-temporal stores (when y's rows are 64-byte aligned):
 // each row's bytes fill their cache lines whole, so they need no read for ownership, and such a y
-// outgrows the cores' L2 anyway (benchmarks/README.md, "Decode attention on AMX tiles"). The caller
+// outgrows the cores' L2 anyway (benchmarks/README.md at commit 9c89004, "Decode attention on AMX tiles"). The caller
 // fences them before its threads meet.
 void StoreRows(const float* acc, int64_t M, const Epilogue& out, int64_t cols, float* y, int64_t ldy, bool stream) {
   stream = stream && cols == OutWidth(out.activation) && reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % 16 == 0;
@@ -340,8 +340,8 @@ void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, ui
 // instead of the int8 -> float32 -> bf16 conversion before `vdpbf16ps` (~3.5 for 16): the decode GEMV
 // is bound by this arithmetic, not by memory, on int8. Two pairs per step (16 accumulators, independent
 // chains); W prefetched kWint8RowPrefetch bytes ahead, farther than the bf16 tiles' kPrefetchBytes
-// (both distances measured: benchmarks/README.md, "Quiet machine, side by side, Intel Xeon with AMX,
-// after stop 22").
+// (both distances measured: benchmarks/README.md at commit 9c89004,
+// "Quiet machine, side by side, Intel Xeon with AMX").
 constexpr int64_t kWint8RowPrefetch = 16384;
 
 void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& out, int64_t cols, float* y) {
@@ -437,8 +437,8 @@ constexpr int64_t kAmxRows = 16, kAmxStepK = 32;  // rows of a tile; values of K
 constexpr int64_t kAmxMinRows = 7;  // fewer rows: the AVX512-BF16 tiles (W streamed once)
 // Up to this many rows (batched decode) every 16-row block runs Amx16Rows over all of K, which reads each
 // 256-byte panel row whole, so the first block streams the panel from memory in address order (the others
-// find it in L2); reading half of each row per pass streamed slower (benchmarks/README.md, "Quiet machine,
-// side by side, Intel Xeon with AMX"). Above, prefill: AmxManyRows, bound by the traffic from L2 to L1
+// find it in L2); reading half of each row per pass streamed slower (benchmarks/README.md at commit 9c89004, "Quiet
+// machine, side by side, Intel Xeon with AMX"). Above, prefill: AmxManyRows, bound by the traffic from L2 to L1
 // rather than by `tdpbf16ps`, so blocked for L1 (K in chunks), L2 (x in blocks of rows) and L3 (panel groups).
 constexpr int64_t kAmxManyRowsFrom = 64;
 constexpr int64_t kAmxPrefetchBytes = 6144;  // Amx16Rows' prefetch distance in W (1.5 steps)
@@ -447,7 +447,7 @@ constexpr int64_t kAmxChunkSteps = 8;  // AmxManyRows' chunk of K: 8 steps, 256 
 // about 4 MB of bf16 W: every block runs over one group before the next group starts, so each panel comes
 // from memory once and is reused from L3 by the other blocks, and a block's x chunks from L2 / L3 (fewer
 // rows per block, sized for L2 whatever K, re-read large-K panels more often and were slower:
-// benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups").
+// benchmarks/README.md at commit 9c89004, "AMX prefill: 256-row blocks, panel groups").
 constexpr int64_t kAmxBlockRows = 256, kAmxGroupBytes = 4 << 20;
 // A y of this many bytes or more is stored with non-temporal stores (StoreRows): twice a core's L2, so it
 // is not read back from L2 by the next op anyway (ERNIE-0.3B: a prefill's outputs, a decode batch's
@@ -461,7 +461,7 @@ using fd_amx::ConfigureTiles;
 // groups in turn. STREAM (the pass that reads the panel from memory): every line of the step
 // kAmxPrefetchBytes ahead, up to `end` (the end of the thread's run of panels), is prefetched into L1
 // first. A tile load cannot start before the `tdpbf16ps` that last read its tile register, so without it
-// only the hardware prefetchers keep memory busy (benchmarks/README.md, "Weight stream prefetched").
+// only the hardware prefetchers keep memory busy (benchmarks/README.md at commit 9c89004, "Weight stream prefetched").
 template <bool STREAM>
 void Amx16Rows(const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t steps, float* acc,
                const char* end = nullptr) {

@@ -16,8 +16,8 @@
 // fastdeploy/model_executor/ops/normalization.py. One pass reads each row twice (sum of squares,
 // then scale) while it is in L1. Rows are independent: OpenMP over rows from kParallelElements (a batch
 // of 16 rows of 1024: below, waking the threads costs more than the norm; above, one thread alone
-// leaves the other waiting inside fd_decoder_layers: benchmarks/README.md, "Norms and RoPE on both
-// threads"). Paddle hands custom
+// leaves the other waiting inside fd_decoder_layers: benchmarks/README.md at commit 9c89004,
+// "Norms and RoPE on both threads"). Paddle hands custom
 // ops contiguous tensors (a strided view arrives as a contiguous copy).
 #include <cmath>
 #include <vector>

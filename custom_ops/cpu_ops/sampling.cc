@@ -49,7 +49,7 @@ constexpr float kFirstCut = 1e-3f;          // first candidate cut, in units of 
 // Logits in a batch worth running rows on several threads (2^20: 4 MB of float32). On 2 shared cores
 // with other processes running, two threads were slower (SmolLM2's 32 x 49152: 1.6 ms per greedy step
 // against 1.0 on one), so this was 2^24; on a quiet Intel Xeon (2 vCPU) ERNIE-4.5-0.3B's 32 x 103424
-// greedy rows take 0.35 ms on two threads against numpy's 0.49 ms on one (benchmarks/README.md,
+// greedy rows take 0.35 ms on two threads against numpy's 0.49 ms on one (benchmarks/README.md at commit 9c89004,
 // "Decode attention on AMX tiles").
 constexpr int64_t kParallelWork = int64_t(1) << 20;
 

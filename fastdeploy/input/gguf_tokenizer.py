@@ -93,7 +93,8 @@ def load_gguf_tokenizer(file: GGUFFile) -> PreTrainedTokenizerFast:
     model = meta("tokenizer.ggml.model")
     if model not in _SUPPORTED_MODELS:
         raise ValueError(
-            f"Unsupported GGUF tokenizer.ggml.model {model!r}; supported: {list(_SUPPORTED_MODELS)}."
+            f"Unsupported GGUF tokenizer.ggml.model {model!r}; supported: {list(_SUPPORTED_MODELS)}. "
+            "Read the tokenizer from the model's Hugging Face directory instead: LLM(model, tokenizer=dir)."
         )
     pre = meta("tokenizer.ggml.pre")
     if pre not in _PRE_TOKENIZERS:

@@ -4,7 +4,7 @@ The input processor makes these (pixels resized, normalised and cut into patches
 item's placeholder into `length` placeholder tokens at `offset` in the prompt; the scheduler mixes
 `mm_hash` into the prefix-cache key of every block the item's tokens overlap; the model runner runs
 the vision encoder on `pixel_values` and puts its output rows at the placeholder positions.
-Layout as transformers' `Ernie4_5_VLMoe` processors produce it (see ../shared/reference/ernie-4.5-vl.md).
+Layout as transformers' `Ernie4_5_VLMoe` processors produce it.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """CPU runtime settings that decide speed on this kind of machine.
 
-Two facts (measured, see DESIGN.md): Paddle's bundled MKL runs its slow generic path on AMD CPUs
+Two facts (measured on AMD EPYC Zen 4): Paddle's bundled MKL runs its slow generic path on AMD CPUs
 unless `MKL_DEBUG_CPU_TYPE=5` is set *before* `import paddle` (fp32 GEMM ~75 -> ~200 GFLOP/s on
 Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THREADS` is unset.
 `prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
@@ -95,8 +95,7 @@ def reuse_freed_memory() -> bool:
     on free, so every such tensor costs page faults and the kernel zeroing its pages: a prefill's
     [tokens, 2 * intermediate] float32 activations, and ERNIE-4.5-VL's vision tower at 1024x1024
     ([5476, 5120] float32, 112 MB). Paddle's CPU allocator passes these to malloc. Kept in the heap they
-    are reused, as tcmalloc or jemalloc would do, which vLLM-CPU asks its users to preload (what it
-    gains and costs: benchmarks/README.md, "after stop 22"). The process keeps its peak
+    are reused, as tcmalloc or jemalloc would do, which vLLM-CPU asks its users to preload. The process keeps its peak
     heap instead of returning each large block at once. Nothing is changed where the user set one of
     glibc's MALLOC_* variables, preloaded another allocator (LD_PRELOAD), or the C library has no mallopt.
     """
@@ -153,8 +152,8 @@ def collapse_into_huge_pages(tensors) -> int:
 
     Decode streams every weight from memory each step. With 4 KiB pages, the hardware prefetchers stop at
     each page boundary and each page costs a TLB entry; with 2 MiB pages the same kernels read faster
-    (benchmarks/README.md, "Huge pages"). THP is often "madvise" only, so tensors Paddle allocated are in
-    4 KiB pages; MADV_COLLAPSE (Linux 6.1) moves the pages already written into huge pages synchronously,
+    (benchmarks/README.md at commit 9c89004, "Huge pages"). THP is often "madvise" only, so tensors
+    Paddle allocated are in 4 KiB pages; MADV_COLLAPSE (Linux 6.1) moves the pages already written into huge pages synchronously,
     whatever the system setting. Where the kernel refuses (older kernels, THP disabled for the process, no
     free 2 MiB page), nothing changes and that page counts 0 bytes."""
     try:

@@ -2,9 +2,8 @@
 
 The memory test builds the default model 20 times in a fresh subprocess (so other tests' memory
 does not blur the numbers). RSS is read after gc.collect() and malloc_trim(0), so memory that
-Python and glibc freed but kept in their heaps is not counted as held. Issue 17 asks for the 20th
-within 5% of the 2nd, and that is the bound here (the curve, before and after, is in
-benchmarks/README.md). What made it grow: Paddle's per-tensor list leak (avoided by
+Python and glibc freed but kept in their heaps is not counted as held. The bound: the 20th
+within 5% of the 2nd. What made it grow: Paddle's per-tensor list leak (avoided by
 model_executor/host_arrays.py and layers/parameters.py), then 1 MiB pymalloc arenas kept mapped by
 the few objects each construction kept among the ~10^5 short-lived numpy views gguf-py's GGUFReader
 made of the GGUF metadata (model_loader/gguf_file.py reads the header without them).

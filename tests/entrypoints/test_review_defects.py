@@ -1,4 +1,4 @@
-"""Regression tests for the code-review defects of issue 12 (each failed before its fix).
+"""Regression tests for defects found in code review (each failed before its fix).
 
 1. concurrent generate/chat on one LLM: serialised, never hangs, same outputs as one thread;
 2. chat_template: a missing file, a Jinja syntax error or the template's raise_exception give

@@ -1,7 +1,7 @@
 """ERNIE-4.5-VL checkpoints in both formats load into the same model.
 
 The tiny HF checkpoint (tests/vl_helpers.py: nested config, PT names) is rewritten here into
-FastDeploy's Paddle layout as FastDeploy 2.3 reads it (../shared/reference/ernie-4.5-vl.md §2, §11;
+FastDeploy's Paddle layout as FastDeploy 2.3 reads it (its ernie4_5_vl_moe.py and loader;
 model_loader/paddle_layout.py): a flat config.json (im_patch_id, moe_num_experts [text, vision],
 moe_layer_start_index, freq_allocation, spatial/temporal_conv_size, vision_config with embed_dim and
 mlp_ratio, "dtype" and no "transformers_version"; no delimiter ids: FastDeploy reads them from the

@@ -7,7 +7,7 @@ The request is built directly on the engine side here (token ids, [3, n] positio
 MultiModalFeatures computed with transformers' `get_rope_index` and random pixel values), so these
 tests cover the runner and model apart from the input processor. Vision-expert ids (placeholders,
 delimiters) are banned from generation on both sides: transformers routes generated tokens to the
-text experts whatever their id, the engine by id (../shared/reference/ernie-4.5-vl.md §15 pitfalls).
+text experts whatever their id, the engine by id.
 """
 import numpy as np
 import pytest

@@ -20,7 +20,7 @@ Oracles, transformers on the same weights:
   whole paths: transformers bf16 = float32 on 5 of 8 prompts, ours bf16 = transformers bf16 on 3), so
   one early tie decides a whole path. The bar is per token, teacher-forced along transformers bf16's
   path (our model's logits over prompt + its tokens, in one prefill): our argmax must be its token on
-  >= 70 of 80, issue 15's text bar (28 of 32) as a fraction; transformers float32 scores 76 here. The
+  >= 70 of 80, the text models' bf16 bar (28 of 32) as a fraction; transformers float32 scores 76 here. The
   engine's own first token must be the teacher-forced one (the chat path is the model tested).
   float32 stays exact: tests/vl/test_vl_end_to_end.py.
 Also: the packed weights are what is held (no float32 copy); wint8/wint4 reach the encoder's linears

@@ -72,8 +72,8 @@ ACTIVATIONS = (None, "quick_gelu", "swiglu")
 def epilogue(layer: "Linear", y: paddle.Tensor) -> paddle.Tensor:
     """y [n, out], a product the caller owns, plus the layer's bias when it has one, then its activation
     (for a method whose kernel does neither). The bias in place: Paddle's `y + b` would write a new tensor,
-    a slower second pass (benchmarks/README.md, "AMX prefill: 256-row blocks, panel groups; the bias where
-    y is written")."""
+    a slower second pass (benchmarks/README.md at commit 9c89004, "AMX prefill: 256-row blocks, panel
+    groups; the bias where y is written")."""
     if layer.bias is not None:
         y = y.add_(layer.bias)
     return layer.activation_kernel(y) if layer.activation else y  # swiglu: [n, 2 inter] -> [n, inter]

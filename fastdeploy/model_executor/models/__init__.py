@@ -11,7 +11,8 @@ Build: `model_cls(model_config, block_size, max_model_len, quant_config=None)`
   KV-cache block; max_model_len: longest sequence (RoPE tables); quant_config: how the checkpoint
   stores its tensors (layers/linear.py QuantConfig; a GGUFConfig from the GGUF header,
   `ModelSource.quant_config`), None for float checkpoints. Parameters are created empty (no
-  initialisation); every kernel is chosen here, once, each kind in one place:
+  initialisation); what each layer runs is chosen here, once, each kind in one place (a linear method
+  or op may still pick its kernel per call by the rows of x: docs/design.md, "Where each kernel choice is made"):
   - each Linear's linear method: layers/linear.py `select_linear_method` (dense float32, or GGUF
     blocks via layers/quantization/gguf.py GGUFConfig.linear_method);
   - the attention backend: layers/append_attention.py `select_attention_backend` (the compiled

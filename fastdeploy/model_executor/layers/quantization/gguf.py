@@ -27,7 +27,7 @@ from fastdeploy.model_executor.model_loader.quantized import (QuantizedTensor, b
 from fastdeploy.model_executor.ops import compiled_op
 
 # Rows of x from which a quantized weight is multiplied as float32 by Paddle's GEMM (MKL) instead of
-# the block kernel. Measured here (benchmarks/README.md): at 32 rows the block kernel is ~1.2x faster
+# the block kernel. Measured (benchmarks/README.md at commit 9c89004): at 32 rows the block kernel is ~1.2x faster
 # on a hot weight and more in a model, where float32 weights stream from memory at 4-7x the bytes; from
 # 64 rows the matmul is compute-bound and MKL's kernel is faster (1.1x at 64, 1.5x at 256). The float32
 # copy is made on the first such call (a long prefill) and kept: memory then holds both.

@@ -23,8 +23,7 @@ completed config.json, so the model, built from the config alone, and the proces
 Layer i of a flat config is sparse when (i + 1) % interval == 0 and start <= i <= end (the HF
 converter's rule); text and vision ranges must agree (FastDeploy also runs a dense vision MLP
 outside a narrower vision range, which transformers cannot express; refused here).
-Source: ../shared/reference/ernie-4.5-vl.md §1-2 (transformers 5.23 configuration_ernie4_5_vl_moe.py,
-FastDeploy 2.3 ernie4_5_vl_moe.py).
+Source: transformers 5.23 configuration_ernie4_5_vl_moe.py, FastDeploy 2.3 ernie4_5_vl_moe.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ being the patch's row and column in its frame. Attention runs in ops/vision_atte
 (`vision_attention`) when the qkv linear is dense float32, with bf16 products (`vision_attention_bf16`,
 as transformers' bf16 sdpa) when it is packed (the engine computes in bf16), the CPU has AMX-BF16
 tiles and head_dim is a multiple of 16 (80 in the real checkpoints). Without AMX (AMD Zen 4) the bf16
-op's register-tile kernel is slower than the float32 op (benchmarks/README.md), so attention stays
+op's register-tile kernel is slower than the float32 op (benchmarks/README.md at commit 9c89004), so attention stays
 float32 there. The linear layers (patch embed, qkv, proj, fc1, fc2)
 take the engine's linear method (`encoder_linear`; fc1 applies quick_gelu itself, a packed fc1 where its
 kernel writes the output): with `dtype="bfloat16"` / `quantization="wint8" |
@@ -46,7 +46,8 @@ class RowBlockedLinearMethod(UnquantizedLinearMethod):
     """Dense float32 x @ W, in blocks of ROW_BLOCK rows of x: on AMD CPUs Paddle 3.3's CPU matmul (MKL)
     is several times slower on a thousand-plus rows against a large square weight (the resampler's
     [5120, 5120]) in one call than in row blocks; on Intel CPUs one call is faster
-    (benchmarks/README.md, benchmark_vl_encode.py). Each row's result is the same computation either way."""
+    (benchmarks/README.md at commit 9c89004, benchmark_vl_encode.py). Each row's result is the same
+    computation either way."""
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         if x.shape[0] <= ROW_BLOCK:
