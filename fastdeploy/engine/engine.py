@@ -1,7 +1,8 @@
 """LLMEngine: add_request / step / abort. Orchestrates; the work is done by the parts it owns.
 
     input processor (input/)    prompt + SamplingParams -> validated, resolved PreparedPrompt
-    scheduler (engine/sched/)   Requests -> SchedulerOutput (ids, token counts, block ids)
+    scheduler (engine/sched/)   Requests -> SchedulerOutput (ids, token counts, block ids), asking
+                                the KV cache manager (cache_manager/) for blocks and prefix hits
     executor (executor/)        SchedulerOutput -> ModelRunnerOutput (sampled tokens, logprobs)
     output processor (output/)  tokens -> text, stops, logprob dicts, RequestOutputs
 
@@ -20,6 +21,7 @@ import time
 from typing import Optional
 
 from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.request import Request, RequestOutput
@@ -40,13 +42,11 @@ class LLMEngine:
         self.config = fd_config
         self.tokenizer = tokenizer
         self.input_processor = make_input_processor(fd_config, tokenizer)
-        sc = fd_config.scheduler_config
-        self.block_pool = BlockPool(fd_config.cache_config.num_blocks)
-        self.scheduler = Scheduler(
-            self.block_pool, fd_config.cache_config.block_size, sc.max_num_seqs,
-            sc.max_num_batched_tokens, sc.enable_chunked_prefill, sc.enable_prefix_caching,
-            sc.long_prefill_token_threshold,
-        )
+        sc, cc = fd_config.scheduler_config, fd_config.cache_config
+        self.block_pool = BlockPool(cc.num_blocks)
+        self.kv_cache_manager = KVCacheManager(self.block_pool, cc.block_size, sc.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache_manager, sc.max_num_seqs, sc.max_num_batched_tokens,
+                                   sc.enable_chunked_prefill, sc.long_prefill_token_threshold)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         self.output_processor = OutputProcessor(tokenizer, parser)
@@ -118,8 +118,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; later requests start with no prefix-cache hit. Returns True."""
-        self.block_pool.reset_prefix_cache()
-        return True
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
