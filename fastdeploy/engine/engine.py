@@ -54,6 +54,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        from fastdeploy.cache_manager import kv_cache_sizing
         from fastdeploy.input.processors import complete_hf_config
         from fastdeploy.input.tokenizer import load_tokenizer
         from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
@@ -67,9 +68,10 @@ class LLMEngine:
         hf_config = complete_hf_config(source.hf_config, tokenizer)  # ERNIE-4.5-VL: its token ids resolved
         weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config,
                                               tensor_parallel_size=args.tensor_parallel_size)
-        config = args.create_engine_config(path, hf_config, source.generation_config,
-                                           weight_format.bytes_per_weight, weight_format.lm_head_bytes_per_weight,
-                                           weight_format.kv_cache_dtype)
+        config = args.create_engine_config(path, hf_config, source.generation_config)
+        weights_bytes = config.model_config.weight_bytes(weight_format.bytes_per_weight,
+                                                         weight_format.lm_head_bytes_per_weight)
+        config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config)
         else:
