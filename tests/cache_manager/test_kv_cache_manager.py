@@ -43,6 +43,13 @@ def admit(manager: KVCacheManager, r: Request, num_new: int = None):
     return prefix, added
 
 
+def prefilled(manager: KVCacheManager, r: Request) -> Request:
+    """`r` admitted and its whole prompt computed (the step ran)."""
+    admit(manager, r)
+    r.num_computed_tokens = r.num_tokens
+    return r
+
+
 def check_ref_counts(pool: BlockPool, tables: list[list[int]]) -> None:
     holders = Counter(b for table in tables for b in table)
     for block_id in range(1, pool.num_blocks):
@@ -73,9 +80,7 @@ def test_allocation_growth_and_free_accounting():
 def test_allocate_slots_returns_none_and_changes_nothing_when_the_pool_is_short():
     pool = BlockPool(4)  # 3 usable
     manager = KVCacheManager(pool, BS)
-    a = request("a", range(8))
-    admit(manager, a)  # 2 blocks
-    a.num_computed_tokens = 8
+    a = prefilled(manager, request("a", range(8)))  # 2 blocks
     before = (list(a.block_ids), list(pool.ref_counts), pool.num_free_blocks)
     assert manager.allocate_slots(a, 5) is None  # 13 tokens: 4 blocks, only 3 exist
     assert (a.block_ids, pool.ref_counts, pool.num_free_blocks) == before
@@ -160,9 +165,7 @@ def test_images_tell_blocks_with_the_same_placeholder_tokens_apart():
 def test_rollback_forgets_registered_blocks_and_frees_growth_but_not_admissions():
     pool = BlockPool(20)
     manager = KVCacheManager(pool, BS)
-    running = request("running", range(7))
-    admit(manager, running)
-    running.num_computed_tokens = 7
+    running = prefilled(manager, request("running", range(7)))
     manager.commit_step()  # that step ran
     cached_before, held_before = pool.num_cached_blocks, list(running.block_ids)
     manager.begin_step()
@@ -228,9 +231,7 @@ def test_reference_counts_equal_the_block_tables_holding_each_block(seed):
 def test_lookahead_tokens_reserve_slots_beyond_the_new_tokens():
     pool = BlockPool(11)
     manager = KVCacheManager(pool, BS)
-    r = request("r", range(7))
-    admit(manager, r)
-    r.num_computed_tokens = 7
+    r = prefilled(manager, request("r", range(7)))
     added = manager.allocate_slots(r, 1, num_lookahead_tokens=3)  # 7 + 1 + 3 = 11 slots: 3 blocks
     assert len(r.block_ids) == ceil_div(11, BS) == 3 and len(added) == 1
     manager.cache_blocks(r, 8)  # only computed tokens are registered, never lookahead slots
