@@ -128,10 +128,14 @@ class ModelConfig:
 
 @dataclass
 class CacheConfig:
+    """The KV cache: the user's settings (EngineArgs), then the pool's size and dtype, which the engine
+    sets once at start from the model, the weight format and memory (cache_manager/kv_cache_sizing.py)."""
+
     block_size: int
-    num_blocks: int  # including the null block 0
+    num_gpu_blocks_override: Optional[int]  # the pool's size as the user gave it; None: sized from memory
     gpu_memory_utilization: float
     kv_cache_ratio: float
+    num_blocks: Optional[int] = None  # the pool's size, including the null block 0; None until sized
     dtype: str = "float32"  # of the KV cache: "float32", or "bfloat16" for models computing in bf16
 
 

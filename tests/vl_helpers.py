@@ -210,6 +210,7 @@ def write_preprocessor_config(directory, style: str, **changes) -> Path:
 
 def make_processor(model_dir, **kwargs):
     """Our VLInputProcessor on checkpoint `model_dir`, built as the engine builds it (LLM keyword `kwargs`)."""
+    from fastdeploy.cache_manager.kv_cache_sizing import size_kv_cache
     from fastdeploy.engine.args_utils import EngineArgs
     from fastdeploy.input.tokenizer_loader import load_model_tokenizer
     from fastdeploy.input.vl_processor import VLInputProcessor
@@ -218,6 +219,7 @@ def make_processor(model_dir, **kwargs):
     kwargs = {"max_model_len": 1024, "num_gpu_blocks_override": 80, "block_size": 16, **kwargs}
     args = EngineArgs.from_kwargs(str(model_dir), kwargs)
     config = args.create_engine_config(str(model_dir), json.loads((model_dir / "config.json").read_text()), {})
+    config.cache_config = size_kv_cache(config, 0, "float32")  # the pool's size: num_gpu_blocks_override
     return VLInputProcessor(config, load_model_tokenizer(model_dir))
 
 

@@ -17,7 +17,6 @@ from fastdeploy.reasoning import get_reasoning_parser
 
 logger = logging.getLogger("fastdeploy")
 
-GiB = 1 << 30
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DTYPES = ("auto", "bfloat16", "float32")
 QUANTIZATIONS = ("wint8", "wint4")
@@ -224,48 +223,15 @@ class EngineArgs:
         return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill,
                                self.enable_prefix_caching, threshold)
 
-    def cache_config(self, model_config: ModelConfig, weights_bytes: int, dtype: str = "float32") -> CacheConfig:
-        """The KV pool: num_gpu_blocks_override, or as many blocks of `dtype` ("float32" or "bfloat16")
-        as the memory left beside the weights holds, at most what max_num_seqs full sequences use."""
-        blocks_per_seq = -(-self.max_model_len // self.block_size)
-        if self.num_gpu_blocks_override is not None:
-            num_blocks = self.num_gpu_blocks_override
-            if num_blocks - 1 < blocks_per_seq:
-                raise ValueError(
-                    f"num_gpu_blocks_override={num_blocks} leaves {num_blocks - 1} usable blocks (block 0 is the "
-                    f"null block), but one max_model_len={self.max_model_len} sequence needs {blocks_per_seq} "
-                    f"blocks of {self.block_size} tokens: raise it to at least {blocks_per_seq + 1} or lower max_model_len"
-                )
-        else:
-            num_blocks = self._blocks_from_memory(model_config, weights_bytes, blocks_per_seq, dtype)
-        logger.info("total_block_num:%d (block_size %d, %d tokens, %s)", num_blocks, self.block_size,
-                    (num_blocks - 1) * self.block_size, dtype)
-        return CacheConfig(self.block_size, num_blocks, self.gpu_memory_utilization, self.kv_cache_ratio, dtype)
+    def cache_config(self) -> CacheConfig:
+        """The KV-cache settings; the engine sizes the pool from them (cache_manager/kv_cache_sizing.py)."""
+        return CacheConfig(self.block_size, self.num_gpu_blocks_override, self.gpu_memory_utilization,
+                           self.kv_cache_ratio)
 
-    def _blocks_from_memory(self, model_config: ModelConfig, weights_bytes: int, blocks_per_seq: int,
-                            dtype: str) -> int:
-        from fastdeploy.model_executor.layers.attention import KV_CACHE_BYTES
-
-        block_bytes = model_config.kv_bytes_per_token(KV_CACHE_BYTES[dtype]) * self.block_size
-        available = available_memory_bytes()
-        budget = self.gpu_memory_utilization * available - weights_bytes
-        needed = (blocks_per_seq + 1) * block_bytes
-        if budget < needed:
-            raise ValueError(
-                f"one max_model_len={self.max_model_len} sequence needs {needed / GiB:.2f} GiB of KV cache, "
-                f"{max(budget, 0) / GiB:.2f} GiB is available ({self.gpu_memory_utilization} x "
-                f"{available / GiB:.2f} GiB free memory - {weights_bytes / GiB:.2f} GiB weights): lower "
-                "max_model_len, or raise gpu_memory_utilization, or free memory"
-            )
-        useful = self.max_num_seqs * blocks_per_seq + 1
-        return int(min(budget // block_bytes, useful))
-
-    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict,
-                             bytes_per_weight: float = 4.0, lm_head_bytes_per_weight: Optional[float] = None,
-                             kv_cache_dtype: str = "float32") -> FDConfig:
-        """bytes_per_weight (lm_head_bytes_per_weight: lm_head's, when it differs): of the linear layers in
-        the resolved weight format (a tied embedding shares lm_head's copy when that is not float32), for
-        sizing the KV pool; kv_cache_dtype: the resolved format's (WeightFormat.kv_cache_dtype)."""
+    def create_engine_config(self, model_path: str, hf_config: dict, generation_config: dict) -> FDConfig:
+        """The settings resolved against the model's config.json (`hf_config`). The KV pool is not
+        sized yet (`cache_config.num_blocks` is None): the engine sizes it once it knows the weight
+        format (cache_manager/kv_cache_sizing.py)."""
         model_config = ModelConfig.from_hf_config(hf_config)
         check_tensor_parallel(model_config, self.tensor_parallel_size)
         if self.max_model_len > model_config.max_position_embeddings:
@@ -275,9 +241,7 @@ class EngineArgs:
             )
         return FDConfig(
             model_config=model_config,
-            cache_config=self.cache_config(model_config, model_config.weight_bytes(bytes_per_weight,
-                                                                                  lm_head_bytes_per_weight),
-                                           kv_cache_dtype),
+            cache_config=self.cache_config(),
             scheduler_config=self.scheduler_config(),
             model_path=model_path,
             seed=self.seed,
@@ -293,16 +257,3 @@ class EngineArgs:
             nnodes=self.nnodes,
         )
 
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,7 +1,8 @@
 """LLMEngine: add_request / step / abort. Orchestrates; the work is done by the parts it owns.
 
     input processor (input/)    prompt + SamplingParams -> validated, resolved PreparedPrompt
-    scheduler (engine/sched/)   Requests -> SchedulerOutput (ids, token counts, block ids)
+    scheduler (engine/sched/)   Requests -> SchedulerOutput (ids, token counts, block ids), asking
+                                the KV cache manager (cache_manager/) for blocks and prefix hits
     executor (executor/)        SchedulerOutput -> ModelRunnerOutput (sampled tokens, logprobs)
     output processor (output/)  tokens -> text, stops, logprob dicts, RequestOutputs
 
@@ -20,6 +21,7 @@ import time
 from typing import Optional
 
 from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.request import Request, RequestOutput
@@ -40,13 +42,11 @@ class LLMEngine:
         self.config = fd_config
         self.tokenizer = tokenizer
         self.input_processor = make_input_processor(fd_config, tokenizer)
-        sc = fd_config.scheduler_config
-        self.block_pool = BlockPool(fd_config.cache_config.num_blocks)
-        self.scheduler = Scheduler(
-            self.block_pool, fd_config.cache_config.block_size, sc.max_num_seqs,
-            sc.max_num_batched_tokens, sc.enable_chunked_prefill, sc.enable_prefix_caching,
-            sc.long_prefill_token_threshold,
-        )
+        sc, cc = fd_config.scheduler_config, fd_config.cache_config
+        self.block_pool = BlockPool(cc.num_blocks)
+        self.kv_cache_manager = KVCacheManager(self.block_pool, cc.block_size, sc.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache_manager, sc.max_num_seqs, sc.max_num_batched_tokens,
+                                   sc.enable_chunked_prefill, sc.long_prefill_token_threshold)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         self.output_processor = OutputProcessor(tokenizer, parser)
@@ -54,6 +54,7 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+        from fastdeploy.cache_manager import kv_cache_sizing
         from fastdeploy.input.processors import complete_hf_config
         from fastdeploy.input.tokenizer import load_tokenizer
         from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
@@ -67,9 +68,10 @@ class LLMEngine:
         hf_config = complete_hf_config(source.hf_config, tokenizer)  # ERNIE-4.5-VL: its token ids resolved
         weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config,
                                               tensor_parallel_size=args.tensor_parallel_size)
-        config = args.create_engine_config(path, hf_config, source.generation_config,
-                                           weight_format.bytes_per_weight, weight_format.lm_head_bytes_per_weight,
-                                           weight_format.kv_cache_dtype)
+        config = args.create_engine_config(path, hf_config, source.generation_config)
+        weights_bytes = config.model_config.weight_bytes(weight_format.bytes_per_weight,
+                                                         weight_format.lm_head_bytes_per_weight)
+        config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config)
         else:
@@ -118,8 +120,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; later requests start with no prefix-cache hit. Returns True."""
-        self.block_pool.reset_prefix_cache()
-        return True
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

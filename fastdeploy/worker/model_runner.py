@@ -19,7 +19,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.model_executor.layers.attention import allocate_kv_cache
+from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.platforms.cpu import collapse_into_huge_pages
@@ -44,7 +44,7 @@ class ModelRunner:
 
     def _allocate_kv_caches(self) -> list:
         """One KVCache per layer, `num_blocks` blocks each, of the cache config's dtype (see
-        layers/attention.py for the layout)."""
+        layers/kv_cache.py for the layout)."""
         mc, cc = self.config.model_config, self.config.cache_config
         return [allocate_kv_cache(cc.num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim, cc.dtype)
                 for _ in range(mc.num_hidden_layers)]

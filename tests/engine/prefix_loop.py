@@ -11,6 +11,7 @@ the same prompt generate the same tokens and can share output blocks too.
 from __future__ import annotations
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID, BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import Request, RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fake_model import apply_step, scheduled, text_request
@@ -45,8 +46,8 @@ class PrefixLoop:
         self.max_num_seqs = max_num_seqs
         self.budget = budget
         self.chunked = chunked
-        self.sched = Scheduler(self.pool, block_size, max_num_seqs, budget, chunked,
-                               enable_prefix_caching=True, long_prefill_token_threshold=threshold)
+        self.sched = Scheduler(KVCacheManager(self.pool, block_size, enable_caching=True), max_num_seqs, budget,
+                               chunked, long_prefill_token_threshold=threshold)
         self.kv: dict[int, list] = {}  # block id -> the key written to each slot (None: never)
         self.keys: dict[int, list[int]] = {}  # id(request) -> key of each of its positions so far
         self.requests: list[Request] = []

@@ -10,6 +10,7 @@ Generated token k of every request is FAKE_TOKEN + k, so lost or duplicated toke
 from __future__ import annotations
 
 from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import Request, RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fake_model import apply_step, scheduled, text_request
@@ -34,7 +35,8 @@ class FakeLoop:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.chunked = chunked
-        self.sched = Scheduler(self.pool, block_size, max_num_seqs, max_num_batched_tokens, chunked)
+        self.sched = Scheduler(KVCacheManager(self.pool, block_size, enable_caching=False), max_num_seqs,
+                               max_num_batched_tokens, chunked)
         self.arrival: dict[str, int] = {}
         self.requests: list[Request] = []
         self.finished: list[Request] = []

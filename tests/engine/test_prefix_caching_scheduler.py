@@ -10,8 +10,8 @@ import random
 
 import pytest
 
+from fastdeploy.cache_manager import kv_cache_manager
 from fastdeploy.engine.request import RequestStatus
-from fastdeploy.engine.sched import scheduler as scheduler_module
 from prefix_loop import PrefixLoop, ceil_div, make_request
 
 
@@ -163,12 +163,12 @@ def test_hash_collision_on_a_parent_block_never_serves_another_prefix(monkeypatc
     B's first block (T2) is not registered (T1 holds the hash), but B's second block (U) is, with
     the colliding hash as its parent. C = T1 + U must not get B's second block: its KV was computed
     after T2, not after T1."""
-    real = scheduler_module.hash_block
+    real = kv_cache_manager.hash_block
 
     def colliding(parent, tokens, extra_keys=()):
         return b"colliding key" if parent is None else real(parent, tokens, extra_keys)
 
-    monkeypatch.setattr(scheduler_module, "hash_block", colliding)
+    monkeypatch.setattr(kv_cache_manager, "hash_block", colliding)
     bs = 4
     loop = PrefixLoop(num_blocks=30, block_size=bs, max_num_seqs=8, budget=100, chunked=False)
     t1, t2, u, v = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]

@@ -5,6 +5,7 @@ import pytest
 
 from fastdeploy import SamplingParams
 from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
 
@@ -15,8 +16,8 @@ BLOCK = 4
 
 def make_scheduler(num_blocks=40):
     pool = BlockPool(num_blocks)
-    return pool, Scheduler(pool, BLOCK, max_num_seqs=8, max_num_batched_tokens=64, enable_chunked_prefill=False,
-                           enable_prefix_caching=True)
+    return pool, Scheduler(KVCacheManager(pool, BLOCK, enable_caching=True), max_num_seqs=8,
+                           max_num_batched_tokens=64, enable_chunked_prefill=False)
 
 
 def test_rollback_forgets_blocks_registered_by_the_failed_step_and_requeues_admissions():
@@ -59,8 +60,8 @@ def test_rollback_of_a_decode_step_keeps_earlier_blocks_and_resends_state():
 
 def test_rollback_frees_the_blocks_the_failed_step_gave_a_running_request():
     pool = BlockPool(6)
-    sched = Scheduler(pool, 1, max_num_seqs=2, max_num_batched_tokens=2, enable_chunked_prefill=True,
-                      enable_prefix_caching=False, long_prefill_token_threshold=1)
+    sched = Scheduler(KVCacheManager(pool, 1, enable_caching=False), max_num_seqs=2, max_num_batched_tokens=2,
+                      enable_chunked_prefill=True, long_prefill_token_threshold=1)
     r = text_request("r", [5, 6, 7], 1)
     sched.add_request(r)
     apply_step(sched, sched.schedule(), lambda request: 0)  # its first prompt chunk is computed

@@ -1,11 +1,11 @@
 """Sizing the KV block pool: settings that leave no room for one max_model_len sequence are
 rejected with their numbers, before any model is built; the pool size follows the memory
-arithmetic. (Engine internals: the memory probe, EngineArgs.cache_config and the model config's
-byte counts have no public API.)"""
+arithmetic. (Engine internals: the memory probe, cache_manager/kv_cache_sizing.py and the model
+config's byte counts have no public API.)"""
 import pytest
 
 from fastdeploy import LLM
-from fastdeploy.engine import args_utils
+from fastdeploy.cache_manager import kv_cache_sizing
 from fastdeploy.engine.args_utils import EngineArgs
 
 GiB = 1 << 30
@@ -40,7 +40,7 @@ def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(smollm_l
     mc = smollm_llm.llm_engine.config.model_config
     weights = mc.weight_bytes()
     tiny = 64 << 20
-    monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: tiny)
+    monkeypatch.setattr(kv_cache_sizing, "available_memory_bytes", lambda: tiny)
     with pytest.raises(ValueError) as e:
         LLM(max_model_len=8192, block_size=64)
     message = str(e.value)
@@ -51,7 +51,7 @@ def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(smollm_l
 
 
 def test_pool_sizing_from_memory_arithmetic(monkeypatch, smollm_llm):
-    """cache_config with a patched memory size: num_blocks = min(budget // block_bytes, useful)."""
+    """num_kv_blocks with a patched memory size: num_blocks = min(budget // block_bytes, useful)."""
     mc = smollm_llm.llm_engine.config.model_config
     weights = mc.weight_bytes()
     block_size, max_len, seqs, util = 16, 256, 4, 0.5
@@ -60,9 +60,9 @@ def test_pool_sizing_from_memory_arithmetic(monkeypatch, smollm_llm):
     useful = seqs * per_seq + 1  # 65
 
     def blocks_with_budget(budget_bytes, dtype="float32"):
-        monkeypatch.setattr(args_utils, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
+        monkeypatch.setattr(kv_cache_sizing, "available_memory_bytes", lambda: int((budget_bytes + weights) / util) + 1)
         args = EngineArgs(max_model_len=max_len, block_size=block_size, max_num_seqs=seqs, gpu_memory_utilization=util)
-        return args.cache_config(mc, weights, dtype).num_blocks
+        return kv_cache_sizing.num_kv_blocks(args.cache_config(), mc, max_len, seqs, weights, dtype)
 
     assert blocks_with_budget((per_seq + 1) * block_bytes) == per_seq + 1  # just one sequence + the null block
     assert blocks_with_budget(40 * block_bytes + block_bytes // 2) == 40

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID, BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
 
@@ -42,7 +43,8 @@ class SchedulerWorkload(RuleBasedStateMachine):
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_seqs + extra_budget
-        self.sched = Scheduler(self.pool, block_size, max_num_seqs, self.budget, chunked, prefix, threshold)
+        self.sched = Scheduler(KVCacheManager(self.pool, block_size, prefix), max_num_seqs, self.budget, chunked,
+                               threshold)
         # what the engine guarantees before a request is queued: one sequence fits the pool, and
         # without chunked prefill a whole prompt fits one step
         self.max_model_len = self.pool.num_usable_blocks * block_size

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fastdeploy import LLM, SamplingParams
+from fastdeploy.cache_manager import kv_cache_sizing
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.model_executor.layers.embeddings import TiedEmbedding
 from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig
@@ -177,9 +178,9 @@ def test_auto_rule_and_gguf_settings():
 def test_kv_pool_is_sized_from_the_weights_as_held(tiny, settings, monkeypatch):
     path, _ = tiny
     seen = []
-    original = EngineArgs.cache_config
-    monkeypatch.setattr(EngineArgs, "cache_config", lambda self, mc, weights_bytes, dtype: seen.append(
-        weights_bytes) or original(self, mc, weights_bytes, dtype))
+    original = kv_cache_sizing.size_kv_cache
+    monkeypatch.setattr(kv_cache_sizing, "size_kv_cache", lambda config, weights_bytes, dtype: seen.append(
+        weights_bytes) or original(config, weights_bytes, dtype))
     llm = LLM(model=str(path), max_model_len=256, **settings)
     held = sum(p.numel().item() * p.element_size() for p in model_runner(llm).model.parameters())
     assert abs(seen[0] / held - 1) < 0.1, (seen[0], held)  # wint8's scales: 4 bytes per 64 inputs here

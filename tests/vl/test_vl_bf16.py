@@ -262,13 +262,13 @@ def test_encoder_bytes_count_the_vision_tower_and_resampler_as_held(vl_dir):
 @pytest.mark.parametrize("settings", [dict(dtype="float32"), dict(dtype="bfloat16"), dict(quantization="wint8"),
                                       dict(quantization="wint4")])
 def test_kv_pool_is_sized_from_the_weights_as_held_encoder_included(vl_dir, settings, monkeypatch):
-    from fastdeploy.engine.args_utils import EngineArgs
+    from fastdeploy.cache_manager import kv_cache_sizing
 
     seen = []
-    original = EngineArgs.cache_config
-    monkeypatch.setattr(EngineArgs, "cache_config",
-                        lambda self, mc, weights_bytes, *dtype: seen.append(weights_bytes)
-                        or original(self, mc, weights_bytes, *dtype))
+    original = kv_cache_sizing.size_kv_cache
+    monkeypatch.setattr(kv_cache_sizing, "size_kv_cache",
+                        lambda config, weights_bytes, dtype: seen.append(weights_bytes)
+                        or original(config, weights_bytes, dtype))
     llm = LLM(model=str(vl_dir), max_model_len=512, **settings)
     model = model_runner(llm).model
     held = held_bytes([model])

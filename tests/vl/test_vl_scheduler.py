@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fastdeploy.cache_manager.block_pool import BlockPool
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import Request
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler, whole_items_chunk
@@ -40,7 +41,7 @@ def run_to_end(sched, requests):
 
 
 def test_different_image_same_text_misses_the_image_blocks_but_shares_the_text_before():
-    sched = Scheduler(BlockPool(64), BS, 4, 256, False, enable_prefix_caching=True)
+    sched = Scheduler(KVCacheManager(BlockPool(64), BS, enable_caching=True), 4, 256, False)
     text = list(range(100, 108))  # two whole blocks before the image
     run_to_end(sched, [mm_request("a", text, 8, [1, 2, 3, 4, 9], "hash-a")])
     b = mm_request("b", text, 8, [1, 2, 3, 4, 9], "hash-b")
@@ -52,7 +53,7 @@ def test_different_image_same_text_misses_the_image_blocks_but_shares_the_text_b
 
 
 def test_block_key_names_only_items_overlapping_it():
-    from fastdeploy.engine.sched.scheduler import block_extra_keys
+    from fastdeploy.cache_manager.kv_cache_manager import block_extra_keys
 
     r = mm_request("r", [1, 2, 3], 6, [4, 5, 6, 7], "h")  # image at tokens 3..8
     assert [block_extra_keys(r, i, BS) for i in range(4)] == [("h",), ("h",), ("h",), ()]
@@ -75,7 +76,7 @@ def test_whole_items_chunk(start, num_new, limit, expected):
 def test_chunked_prefill_never_splits_an_item(seed):
     rng = random.Random(seed)
     budget = rng.choice([8, 12, 16, 32])
-    sched = Scheduler(BlockPool(200), BS, 4, budget, True, enable_prefix_caching=rng.random() < 0.5,
+    sched = Scheduler(KVCacheManager(BlockPool(200), BS, enable_caching=rng.random() < 0.5), 4, budget, True,
                       long_prefill_token_threshold=rng.choice([0, 3, 5]))
     requests = []
     for i in range(8):

@@ -1,6 +1,11 @@
 """Continuous batching with a token budget, chunked prefill, prefix caching and preemption.
 Plain Python: sees requests and block ids, no tensors.
 
+The scheduler is policy: who runs, in which order, how many tokens each computes, whom to preempt.
+It asks the KV cache manager (cache_manager/kv_cache_manager.py) for the mechanism: a request's
+cached prefix, its blocks (None when the pool is short), registering full blocks in the prefix
+cache, freeing, and undoing a failed step's blocks.
+
 Each `schedule()` builds one model step from a budget of `max_num_batched_tokens` tokens:
 1. decodes: running requests that need one token, in admission order;
 2. running prefills (prompts, or recomputation after preemption, not yet all in the cache);
@@ -23,9 +28,9 @@ goes back to the front of the queue; no new request joins in that step.
 `schedule()` returns a `SchedulerOutput` (sched/output.py: ids, token counts and block ids, no
 `Request`), and the step's result comes back through `update_from_output`, which advances
 `num_computed_tokens` and appends the sampled tokens. If the step fails instead (an exception or
-Ctrl-C inside the model), `rollback` undoes what `schedule()` promised: prefix-cache blocks
-registered for KV that was never written are forgotten, requests admitted in the step go back to
-the queue, and every scheduled request is sent to the runner again in full.
+Ctrl-C inside the model), `rollback` undoes what `schedule()` promised: the KV cache manager
+forgets prefix-cache blocks registered for KV that was never written, requests admitted in the
+step go back to the queue, and every scheduled request is sent to the runner again in full.
 
 Invariants: at most `max_num_seqs` requests run; at most `max_num_batched_tokens` tokens per step;
 a request holds exactly ceil(num_computed_tokens_after_step / block_size) blocks; a finished
@@ -36,7 +41,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from fastdeploy.cache_manager.block_pool import BlockPool, hash_block
+from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import Request, RequestStatus
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from fastdeploy.worker.output import ModelRunnerOutput
@@ -45,20 +50,16 @@ from fastdeploy.worker.output import ModelRunnerOutput
 class Scheduler:
     def __init__(
         self,
-        block_pool: BlockPool,
-        block_size: int,
+        kv_cache_manager: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
-        enable_prefix_caching: bool = False,
         long_prefill_token_threshold: int = 0,
     ) -> None:
-        self.block_pool = block_pool
-        self.block_size = block_size
+        self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.enable_prefix_caching = enable_prefix_caching
         self.prefill_cap = long_prefill_token_threshold if enable_chunked_prefill and long_prefill_token_threshold > 0 \
             else max_num_batched_tokens
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
@@ -76,12 +77,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         step = self._step = _Step(self.max_num_batched_tokens)
+        self.kv_cache_manager.begin_step()
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
@@ -98,8 +97,8 @@ class Scheduler:
             self._admit_waiting(step)
         if self.enable_chunked_prefill:
             self._top_up_prefills(step)
-        for request, num_new in step.tokens.items():
-            self._cache_blocks(request, request.num_computed_tokens + num_new, step)
+        for request, num_new in step.tokens.items():  # no preemption follows: their KV will be written
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens + num_new)
         return self._make_output(step)
 
     def _make_output(self, step: "_Step") -> SchedulerOutput:
@@ -118,27 +117,20 @@ class Scheduler:
 
     def _reserve_blocks(self, request: Request, num_new: int, step: "_Step") -> bool:
         """Give `request` blocks for `num_new` more tokens, preempting later requests if needed."""
-        need = self.blocks_needed(request.num_computed_tokens + num_new) - len(request.block_ids)
-        while not self.block_pool.can_allocate(need):
+        while self.kv_cache_manager.allocate_slots(request, num_new) is None:
             victim = self.running[-1]
             step.remove(victim)
             self._preempt(victim)
             step.preempted.append(victim)
             if victim is request:
                 return False
-        self._grow(request, need, step)
         return True
-
-    def _grow(self, request: Request, n: int, step: "_Step") -> None:
-        """Give a running request `n` more blocks, remembering for `rollback` how many it held before."""
-        step.blocks_before.setdefault(request, len(request.block_ids))
-        request.block_ids.extend(self.block_pool.allocate(n))
 
     def _admit_waiting(self, step: "_Step") -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            hits, hashes = self._cached_prefix(request)
-            computed = len(hits) * self.block_size
+            prefix = self.kv_cache_manager.get_computed_blocks(request)
+            computed = prefix.num_tokens
             remaining = request.num_tokens - computed
             if remaining > step.budget and not self.enable_chunked_prefill:
                 break
@@ -146,14 +138,9 @@ class Scheduler:
                                         step.budget)
             if num_new <= 0:
                 break
-            need = self.blocks_needed(computed + num_new) - len(hits)
-            reclaimed = sum(1 for b in hits if self.block_pool.is_free(b))  # hits waiting in the free queue
-            if not self.block_pool.can_allocate(need + reclaimed):
+            if self.kv_cache_manager.allocate_slots(request, num_new, prefix) is None:
                 break
             self.waiting.popleft()
-            self.block_pool.touch(hits)  # before allocate, so allocate cannot evict them
-            request.block_ids = hits + self.block_pool.allocate(need)
-            request.block_hashes = hashes
             request.num_computed_tokens = computed
             step.admitted.append((request, request.num_cached_tokens))
             if request.num_cached_tokens is None:  # reported for the first admission
@@ -161,7 +148,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             step.add(request, num_new)
-            self._cache_blocks(request, computed + num_new, step)  # later admissions may share them now
+            self.kv_cache_manager.cache_blocks(request, computed + num_new)  # later admissions may share them now
 
     def _top_up_prefills(self, step: "_Step") -> None:
         """Budget left after everyone's share goes to running prefills, in admission order."""
@@ -173,12 +160,11 @@ class Scheduler:
             if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0:  # a decode
                 continue
             start = request.num_computed_tokens + scheduled
-            room = (len(request.block_ids) + self.block_pool.num_free_blocks) * self.block_size - start
+            room = self.kv_cache_manager.num_tokens_fitting(request) - start
             extra = whole_items_chunk(request.mm_features, start, min(remaining, step.budget, room),
                                       min(step.budget, room))
-            if extra <= 0:
+            if extra <= 0 or self.kv_cache_manager.allocate_slots(request, scheduled + extra) is None:
                 continue
-            self._grow(request, self.blocks_needed(start + extra) - len(request.block_ids), step)
             step.add(request, extra)
 
     # ---- the step's result ------------------------------------------------------------------------
@@ -186,6 +172,7 @@ class Scheduler:
         """Apply a step's result: each scheduled request's tokens are now in the KV cache
         (`num_computed_tokens` advances), sampled tokens are appended, scored prompt positions counted."""
         self._step = _Step(0)
+        self.kv_cache_manager.commit_step()
         for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None:  # finished or aborted meanwhile
@@ -201,21 +188,15 @@ class Scheduler:
     def rollback(self) -> None:
         """Undo the last `schedule()` after its step failed (the model raised, or Ctrl-C).
 
-        Prefix-cache blocks registered for the step's tokens hold no KV: they are forgotten. Blocks
-        the step gave running requests are freed again. Requests admitted in the step go back to the front of the queue (their prefix hits may name those
-        blocks). Every request of the step is sent to the runner again in full, and the runner is
-        told again which requests finished, since the failed step may not have reached it.
+        The KV cache manager undoes the step's blocks (`rollback_step`: prefix-cache blocks
+        registered for the step's tokens hold no KV and are forgotten; blocks the step gave running
+        requests are freed again). Requests admitted in the step go back to the front of the queue
+        (their prefix hits may name those blocks). Every request of the step is sent to the runner
+        again in full, and the runner is told again which requests finished, since the failed step
+        may not have reached it.
         """
         step, self._step = self._step, _Step(0)
-        for block_id in step.registered:
-            self.block_pool.uncache_block(block_id)
-        for request, marks in step.hash_marks.items():
-            del request.block_hashes[marks:]
-            request.prefix_chain_broken = False
-        for request, kept in step.blocks_before.items():  # blocks the step gave running requests
-            if request in self.running:
-                self.block_pool.free(request.block_ids[kept:][::-1])
-                del request.block_ids[kept:]
+        self.kv_cache_manager.rollback_step()
         for request, cached_before in reversed(step.admitted):
             if request in self.running:
                 self._requeue(request)  # not a preemption: the step never ran
@@ -224,57 +205,7 @@ class Scheduler:
             request.num_blocks_sent = None
         self._finished_ids |= step.finished_sent
 
-    # ---- prefix cache -----------------------------------------------------------------------------
-    def _cached_prefix(self, request: Request) -> tuple[list[int], list[bytes]]:
-        """(block ids, their hashes) of the longest cached prefix of a request about to be admitted:
-        at most (num_tokens - 1) // block_size blocks, so at least one token is computed. Requests
-        wanting prompt logprobs read no cache (their prompt logits must be computed)."""
-        if not self.enable_prefix_caching or request.wants_prompt_logprobs:
-            return [], []
-        blocks, hashes, parent = [], [], None
-        for i in range((request.num_tokens - 1) // self.block_size):
-            tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
-            block_hash = hash_block(parent, tokens, block_extra_keys(request, i, self.block_size))
-            block_id = self.block_pool.lookup(block_hash, tokens, parent)
-            if block_id is None:
-                break
-            blocks.append(block_id)
-            hashes.append(block_hash)
-            parent = block_hash
-        return blocks, hashes
-
-    def _cache_blocks(self, request: Request, num_tokens: int, step: "_Step") -> None:
-        """Register the request's blocks that are full within its first `num_tokens` tokens.
-
-        Called while the step is built, for the tokens the step will compute: the model writes
-        every K/V of a step before any attention reads the cache, so a request admitted later in
-        the same step can already share them (vLLM does the same). Preemption happens only before
-        admissions, so no block registered here loses its computation; a failed step is undone by
-        `rollback`, which forgets the blocks recorded in `step`.
-        """
-        if not self.enable_prefix_caching or request.prefix_chain_broken:
-            return
-        step.hash_marks.setdefault(request, len(request.block_hashes))
-        for i in range(len(request.block_hashes), num_tokens // self.block_size):
-            tokens = tuple(request.token_ids_between(i * self.block_size, (i + 1) * self.block_size))
-            parent = request.block_hashes[-1] if request.block_hashes else None
-            block_hash = hash_block(parent, tokens, block_extra_keys(request, i, self.block_size))
-            if not self.block_pool.cache_block(request.block_ids[i], block_hash, tokens, parent):
-                # the hash names other content (a collision): later blocks would name a parent that
-                # is not theirs, so this sequence registers nothing more
-                request.prefix_chain_broken = True
-                return
-            if self.block_pool.lookup(block_hash, tokens, parent) == request.block_ids[i]:
-                step.registered.append(request.block_ids[i])  # registered now (not held by another)
-            request.block_hashes.append(block_hash)
-
     # ---- leaving --------------------------------------------------------------------------------------
-    def _release_blocks(self, request: Request) -> None:
-        self.block_pool.free(request.block_ids[::-1])  # tail first: evicted before the shared prefix
-        request.block_ids = []
-        request.block_hashes = []
-        request.prefix_chain_broken = False
-
     def _preempt(self, request: Request) -> None:
         self._requeue(request)
         request.num_preemptions += 1
@@ -282,7 +213,7 @@ class Scheduler:
     def _requeue(self, request: Request) -> None:
         """Back to the front of the queue with no blocks, to be recomputed from its first token."""
         self.running.remove(request)
-        self._release_blocks(request)
+        self.kv_cache_manager.free(request)
         request.num_computed_tokens = 0
         request.num_blocks_sent = None  # the runner drops it; it is sent again in full
         request.status = RequestStatus.WAITING
@@ -299,18 +230,9 @@ class Scheduler:
                 self.running.remove(request)
             elif request in self.waiting:
                 self.waiting.remove(request)
-            self._release_blocks(request)
+            self.kv_cache_manager.free(request)
             request.status = RequestStatus.FINISHED
             self._finished_ids.add(req_id)
-
-
-def block_extra_keys(request: Request, i: int, block_size: int) -> tuple:
-    """What block `i`'s prefix-cache key mixes in besides its tokens: the request's `extra_keys` and the
-    `mm_hash` of every image/video whose placeholder tokens overlap the block (placeholder ids are the
-    same for every image, so the hash is what tells two images apart; FastDeploy does the same)."""
-    start, end = i * block_size, (i + 1) * block_size
-    return request.extra_keys + tuple(f.mm_hash for f in request.mm_features
-                                      if f.offset < end and f.offset + f.length > start)
 
 
 def whole_items_chunk(features: list, start: int, num_new: int, limit: int) -> int:
@@ -354,9 +276,6 @@ class _Step:
         self.tokens: dict[Request, int] = {}  # insertion order = schedule order
         self.preempted: list[Request] = []
         self.admitted: list[tuple[Request, object]] = []  # (request, its num_cached_tokens before)
-        self.registered: list[int] = []  # blocks this step registered in the prefix cache
-        self.hash_marks: dict[Request, int] = {}  # len(block_hashes) before this step
-        self.blocks_before: dict[Request, int] = {}  # len(block_ids) before this step gave running requests more
         self.finished_sent: set[str] = set()  # finished ids this step's output told the runner
 
     def add(self, request: Request, num_new: int) -> None:

@@ -9,18 +9,14 @@ the compiled op's backend when the op is built and the shapes suit it, else this
 the same two calls: `init_attention_metadata(forward_meta)` once per step, `forward(qkv, cache,
 attn_metadata)` once per layer; tests run both against each other.
 
-KV cache per layer: key/value `[num_blocks, kv_heads, block_size, head_dim]` (FastDeploy's layout),
-held as numpy arrays viewed as `[num_blocks * kv_heads, block_size, head_dim]`: one (block, kv head)
+The KV cache is stored as layers/kv_cache.py lays it out (`KVCache`, one per layer): this backend
+uses its numpy row view `[num_blocks * kv_heads, block_size, head_dim]`, where one (block, kv head)
 pair is one contiguous row, so gathering a sequence's history is a single row gather whose result
 is already `[kv_heads, blocks * block_size, head_dim]`. The gathers and cache writes run in numpy
 (shared with Paddle through DLPack, no copies) because Paddle's CPU gather moves ~2.5 GB/s, a
-fifth of numpy's; the arithmetic runs in Paddle.
-
-Cache dtype (`KV_CACHE_DTYPES`): float32, or bfloat16 for models that compute in bf16 (the engine
-picks it from the weight format: layers/quantization/weight_format.py). numpy has no bfloat16, so a
-bf16 cache is held as uint16 arrays of bf16 bits, which DLPack hands Paddle as uint16 tensors: the
-compiled op takes those (and Paddle bfloat16 tensors) as bf16. Writes round float32 K/V to nearest
-even; reads widen exactly to float32 (the bits shifted up 16), and all arithmetic stays float32.
+fifth of numpy's; the arithmetic runs in Paddle. Over a bf16 cache (uint16 bits) writes round
+float32 K/V to nearest even; reads widen exactly to float32 (the bits shifted up 16), and all
+arithmetic stays float32.
 
 Pure-Paddle path: requests are attended in groups, padded to the group's longest query and
 history, with one batched matmul per group: the model runner orders the batch by query length
@@ -39,13 +35,13 @@ import paddle.nn.functional as F
 from fastdeploy.cache_manager.block_pool import NULL_BLOCK_ID
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
+# KV-cache storage lives in kv_cache.py; these names stay importable from here
+from fastdeploy.model_executor.layers.kv_cache import (  # noqa: F401
+    KV_CACHE_BYTES, KV_CACHE_DTYPES, KVCache, allocate_kv_cache)
 from fastdeploy.model_executor.layers.quantization.packed import bf16_bits
 from fastdeploy.model_executor.ops import compiled_op
 
 MAX_BATCHED_QUERY = 256
-# cache dtype name -> the numpy dtype its arrays hold (bf16 as its uint16 bit patterns)
-KV_CACHE_DTYPES = {"float32": np.float32, "bfloat16": np.uint16}
-KV_CACHE_BYTES = {name: np.dtype(held).itemsize for name, held in KV_CACHE_DTYPES.items()}
 
 
 def compiled_append_attention(head_dim: int, block_size: int) -> Optional[Callable]:
@@ -98,47 +94,6 @@ class LongPrefill:
     mask: np.ndarray  # [num_tokens, num_blocks * block_size] additive causal mask
     to_grouped: np.ndarray  # [kv_heads * group * num_tokens]: for each grouped row, its batch row
     from_grouped: np.ndarray  # [num_tokens * heads]: for each (token, head), its grouped row
-
-
-@dataclass
-class KVCache:
-    """One layer's cache: numpy arrays [num_blocks * kv_heads, block_size, head_dim] for writes and
-    gathers, and Paddle views of the same memory [num_blocks, kv_heads, block_size, head_dim] for ops.
-    The arrays are float32, or uint16 holding bf16 bits (see the module docstring)."""
-
-    key: np.ndarray
-    value: np.ndarray
-    key_tensor: paddle.Tensor
-    value_tensor: paddle.Tensor
-
-    @property
-    def dtype(self) -> str:
-        """"float32" or "bfloat16" (a key of KV_CACHE_DTYPES)."""
-        return "bfloat16" if self.key.dtype == np.uint16 else "float32"
-
-    @classmethod
-    def of(cls, key: paddle.Tensor, value: paddle.Tensor) -> "KVCache":
-        """The cache over existing contiguous [num_blocks, kv_heads, block_size, head_dim] tensors
-        (shared): float32, or bf16 (Paddle bfloat16, or uint16 holding bf16 bits). ValueError otherwise."""
-        if key.dtype != value.dtype or key.dtype not in (paddle.float32, paddle.bfloat16, paddle.uint16):
-            raise ValueError(f"KV cache tensors must both be float32 or both bf16 (bfloat16, or uint16 holding "
-                             f"bf16 bits), got {key.dtype} and {value.dtype}")
-        blocks, kv_heads, block_size, head_dim = key.shape
-        rows = (blocks * kv_heads, block_size, head_dim)
-        arrays = [_as_numpy(t.view(paddle.uint16) if t.dtype == paddle.bfloat16 else t) for t in (key, value)]
-        return cls(arrays[0].reshape(rows), arrays[1].reshape(rows), key, value)
-
-
-def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int,
-                      dtype: str = "float32") -> KVCache:
-    """Zeroed cache of `dtype` ("float32" or "bfloat16", see KV_CACHE_DTYPES); np.zeros maps zero pages
-    lazily, so memory is committed as blocks are used. ValueError for another dtype."""
-    if dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"KV cache dtype must be one of {list(KV_CACHE_DTYPES)}, got {dtype!r}")
-    key = np.zeros((num_blocks * kv_heads, block_size, head_dim), KV_CACHE_DTYPES[dtype])
-    value = np.zeros_like(key)
-    shape = (num_blocks, kv_heads, block_size, head_dim)
-    return KVCache(key, value, _as_paddle(key.reshape(shape)), _as_paddle(value.reshape(shape)))
 
 
 def _to_cache(rows: np.ndarray, cache: np.ndarray) -> np.ndarray:
