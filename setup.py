@@ -26,7 +26,9 @@ setup(
         "gguf",
         "jinja2",
         "tokenizers",
-        "transformers",  # tokenizer layer and chat templates only; torch is never imported at run time
+        # tokenizer layer and chat templates only; torch is never imported at run time. 5.x: the tokenizer
+        # loader uses 5-only APIs (TokenizersBackend, tokenization_utils_base.generate_merges)
+        "transformers>=5,<6",
     ],
     entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={

@@ -104,6 +104,22 @@ def test_every_third_party_import_is_declared():
         assert not {"paddlepaddle", "paddlepaddle-gpu", top} & declared
 
 
+def test_installed_versions_satisfy_setup_py_and_transformers_is_5():
+    """install_requires' version ranges hold in this environment, and transformers' is 5.x: the tokenizer
+    loader imports names transformers 4 lacks."""
+    from packaging.requirements import Requirement
+
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    (listed,) = [node.value for node in ast.walk(tree) if isinstance(node, ast.keyword)
+                 and node.arg == "install_requires"]
+    requirements = {_requirement_name(text): Requirement(text) for text in ast.literal_eval(listed)}
+    for name, requirement in requirements.items():
+        assert requirement.specifier.contains(importlib.metadata.version(name)), (requirement, name)
+    assert str(requirements["transformers"].specifier) == "<6,>=5"
+    from transformers import TokenizersBackend  # noqa: F401  (5.x only)
+    from transformers.tokenization_utils_base import generate_merges  # noqa: F401  (5.x only; 4.x: convert_slow_tokenizer)
+
+
 def test_the_scan_sees_lazy_imports_and_the_known_packages():
     names = imported_names()
     assert "ray" in names  # imported inside a function (entrypoints/batch/ray_workers.py)

@@ -1,7 +1,7 @@
 """A built wheel carries the custom ops' sources (setup.py installs custom_ops/ as fastdeploy/_custom_ops/)
-and the installed engine finds them there: in a fresh venv (system site-packages for paddle, numpy, ...;
-nothing downloaded) holding only the wheel, from a directory outside the checkout, `compiled_ops()` is
-the extension module. The build cache is keyed by the sources' names and bytes, so the installed copy
+and the installed engine finds them there: in a fresh venv holding only the wheel (paddle, numpy, tqdm, ...
+come from this interpreter's package directories, listed in a .pth file; nothing downloaded), from a
+directory outside the checkout, `compiled_ops()` is the extension module. The build cache is keyed by the sources' names and bytes, so the installed copy
 maps to the checkout's build directory and an existing build is imported, not compiled again."""
 import json
 import os
@@ -49,16 +49,35 @@ def _copy_checkout(tmp_path):
     return source, env
 
 
+def _package_directories() -> list[str]:
+    """This interpreter's package directories, in its sys.path order: a venv's own site-packages (and its
+    base's when the venv sees system site-packages), a conda env's, the system's, the user site. Not
+    `--system-site-packages`: from inside a venv that gives the *base* interpreter's packages, not the
+    venv's. Not PYTHONPATH: the venv must import the package it installed."""
+    return [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
+
+
+def _make_venv(tmp_path, env) -> Path:
+    """A venv without pip or system site-packages that sees this interpreter's package directories after
+    its own site-packages (plain directory lines of a .pth file, so the .pth files in them, an editable
+    fastdeploy's finder among them, are not run); returns its python."""
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=60, env=env)
+    python = venv / "bin" / "python"
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                   timeout=60, env=env).stdout.strip()
+    (Path(purelib) / "_test_base_packages.pth").write_text("\n".join(_package_directories()) + "\n")
+    return python
+
+
 def test_wheel_carries_the_ops_and_the_installed_loader_finds_them(tmp_path):
     source, env = _copy_checkout(tmp_path)
     _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "-q",
           "-w", str(tmp_path / "dist")], timeout=120, cwd=source, env=env)
     (wheel,) = (tmp_path / "dist").glob("fastdeploy-*.whl")
 
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], timeout=60, env=env)
-    python = venv / "bin" / "python"
-    # the main environment's pip, run by the venv's python, installs into the venv
+    python = _make_venv(tmp_path, env)
+    # this environment's pip, run by the venv's python, installs into the venv
     _run([str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], timeout=120, env=env)
 
     elsewhere = tmp_path / "elsewhere"
@@ -66,7 +85,7 @@ def test_wheel_carries_the_ops_and_the_installed_loader_finds_them(tmp_path):
     result = _run([str(python), "-c", CHECK], timeout=400, cwd=elsewhere, env=env)
     found = json.loads(result.stdout.strip().splitlines()[-1])
 
-    installed = venv.resolve()
+    installed = (tmp_path / "venv").resolve()
     package = Path(found["file"]).resolve().parent
     assert package.is_relative_to(installed), found
     assert Path(found["setup_ops"]) == package / "_custom_ops" / "setup_ops.py", found
@@ -81,9 +100,7 @@ def test_wheel_carries_the_ops_and_the_installed_loader_finds_them(tmp_path):
 def test_editable_install_uses_the_checkout_sources(tmp_path):
     """README's `pip install -e .`: the package stays in the checkout, and so do the op sources it uses."""
     source, env = _copy_checkout(tmp_path)
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], timeout=60, env=env)
-    python = venv / "bin" / "python"
+    python = _make_venv(tmp_path, env)
     _run([str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", "-e", "."],
          timeout=120, cwd=source, env=env)
     elsewhere = tmp_path / "elsewhere"

@@ -23,6 +23,7 @@ from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.entrypoints import chat_utils
+from fastdeploy.input.input_processor import check_text
 
 logger = logging.getLogger("fastdeploy")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -141,6 +142,7 @@ class LLM:
         engine = self.llm_engine
         for i, conversation in enumerate(conversations):
             chat_utils.validate_conversation(conversation, i, engine.input_processor.accepts_multimodal)
+            _check_message_texts(conversation, i)
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
         items = [self._render_chat(c, template, chat_template_kwargs, i) for i, c in enumerate(conversations)]
         return self._run(items, sampling_params, use_tqdm, what="messages")
@@ -174,6 +176,7 @@ class LLM:
 
     def _normalize_one(self, prompt, index: int) -> PromptItem:
         if isinstance(prompt, str):
+            check_text(prompt, f"prompt {index}")
             return prompt, None, None
         if isinstance(prompt, (list, tuple)):
             if not all(_is_token_id(t) for t in prompt):
@@ -195,6 +198,7 @@ class LLM:
                 text = prompt.get("prompt")
                 return text if isinstance(text, str) else None, self._normalize_one(ids, index)[1], mm_data
             if isinstance(prompt.get("prompt"), str):
+                check_text(prompt["prompt"], f"prompt {index}")
                 return prompt["prompt"], None, mm_data
             raise ValueError(f"prompt {index}: a prompt dict needs a 'prompt' str or 'prompt_token_ids', got {prompt!r}")
         raise TypeError(f"prompt {index} has type {type(prompt).__name__}; expected str, list of ints or dict")
@@ -264,6 +268,16 @@ class _FallbackHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
             super().emit(record)
+
+
+def _check_message_texts(conversation: list[dict], index: int) -> None:
+    """`check_text` on every text of a validated conversation, naming its message."""
+    for j, message in enumerate(conversation):
+        content = message.get("content")
+        texts = [content] if isinstance(content, str) else [part["text"] for part in content or []
+                                                            if part["type"] == "text"]
+        for text in texts:
+            check_text(text, f"conversation {index}, message {j}: 'content'")
 
 
 def _is_token_id(value) -> bool:

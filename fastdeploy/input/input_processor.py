@@ -2,9 +2,9 @@
 
 Everything that can be checked before a request is queued is checked here, so bad input raises
 (ValueError/TypeError naming the field and the allowed values) before any work starts:
-the prompt (non-empty, ids inside the vocabulary, room to generate within max_model_len, enough KV
-blocks for it), and the sampling parameters against the model (vocabulary, max_logprobs). The
-caller's SamplingParams is never modified: the prompt gets a resolved copy with the model's
+the prompt (text that is valid Unicode, non-empty, ids inside the vocabulary, room to generate within
+max_model_len, enough KV blocks for it), and the sampling parameters against the model (vocabulary,
+max_logprobs). The caller's SamplingParams is never modified: the prompt gets a resolved copy with the model's
 generation_config defaults filled in and max_tokens clamped to the context left.
 """
 from __future__ import annotations
@@ -47,6 +47,18 @@ class PreparedPrompt:
         return sum(f.length for f in self.mm_features if f.modality == modality)
 
 
+def check_text(text: str, where: str) -> None:
+    """Raise ValueError when `text` holds a surrogate code point (U+D800-U+DFFF; in a Python str, a lone
+    surrogate, e.g. from JSON's "\\ud800" or bytes decoded with errors="surrogateescape"): it is not a
+    Unicode character, so no tokenizer can encode it (the tokenizers library raises a bare TypeError).
+    `where` names the text in the message ("prompt 2")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where} holds the lone surrogate U+{ord(text[e.start]):04X} at character {e.start}, "
+                         "which is not valid Unicode text and cannot be tokenized") from None
+
+
 def eos_token_ids(tokenizer, generation_config: dict) -> frozenset:
     """EOS ids: generation_config.json's eos_token_id (int or list) plus the tokenizer's."""
     ids = generation_config.get("eos_token_id")
@@ -76,6 +88,7 @@ class InputProcessor:
             raise ValueError(f"prompt {index}: images/videos were given, but {self.config.model_config.architecture} "
                              "is a text model")
         if prompt_token_ids is None:
+            check_text(prompt, "prompt" if index is None else f"prompt {index}")
             prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         self.validate_prompt(prompt_token_ids, index)
         resolved = self.resolve_sampling_params(params, len(prompt_token_ids))  # rejects greedy n > 1 too

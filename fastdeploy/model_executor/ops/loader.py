@@ -5,8 +5,10 @@ Where the op sources are (`SETUP_OPS`): inside the installed package, `fastdeplo
 source checkout's `custom_ops/` beside the package (editable installs, running from a checkout).
 
 `compiled_op(name)` is what the shims in this package call: the op from the `fastdeploy_ops`
-extension module, or None when the module is not available (no compiler, no sources in this
-install, a failed build: the reason is logged once) or fallbacks are forced. Forcing fallbacks:
+extension module (the CPU ops, `setup_ops.CPU_OPS`), or None when the module is not available (no
+compiler, no sources in this install, a failed build: the reason is logged once) or fallbacks are
+forced. The CUDA kernels are another module, `fastdeploy_gpu_ops`, which the engine does not load:
+it computes on the CPU, and a failed CUDA build never touches this one. Forcing fallbacks:
 `FD_DISABLE_CUSTOM_OPS=1` in the environment (the whole process, e.g. to run the test suite on the
 pure-Paddle paths) or `with fallbacks_forced():` (tests comparing both paths in one process).
 
@@ -62,7 +64,7 @@ def _bind_first_to_paddle(library: Path) -> None:
 
 
 def _compile(setup_ops) -> None:
-    """Compile the module in a child process (`setup_ops.py --compile-only`), so that this process loads
+    """Compile the CPU module in a child process (`setup_ops.py --compile-only`), so that this process loads
     it the one way every later process does. Raises RuntimeError with the compiler's last output."""
     done = subprocess.run([sys.executable, str(SETUP_OPS), "--compile-only"], capture_output=True, text=True)
     if done.returncode != 0:
