@@ -15,18 +15,18 @@ MAX_POSITIONS = 32768  # the largest max_model_len the seed docs pass
 
 def make_checkpoint(path: Path, dtype: str = "float32"):
     """Write a tiny Llama at `path` whose config allows MAX_POSITIONS; dtype "float16" saves its
-    tensors as float16 (config.json then names float16). Returns the transformers model in float32,
-    holding exactly the values written (for float16: the rounded ones)."""
+    tensors as float16 (config.json then names float16). Returns transformers' float32 model read
+    back from `path` (for float16: the float16 values, exactly)."""
     import torch
+
+    from transformers import LlamaForCausalLM
 
     hf = make_tiny_llama(path)
     if dtype == "float16":
-        hf = hf.half()
-        hf.save_pretrained(str(path))
+        hf.half().save_pretrained(str(path))
         write_tokenizer(path)
-        hf = hf.float()
     config = json.loads((path / "config.json").read_text())
     config["max_position_embeddings"] = MAX_POSITIONS
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    assert hf.dtype == torch.float32
-    return hf
+    # read back by transformers: float16 tensors upcast, RoPE frequencies computed afresh in float32
+    return LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
