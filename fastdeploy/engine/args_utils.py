@@ -10,7 +10,7 @@ import functools
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
 from fastdeploy.distributed.sharding import check_tensor_parallel
@@ -151,10 +151,10 @@ class EngineArgs:
     enable_mm: Optional[bool] = None
     dtype: str = "auto"
     quantization: Optional[str] = None
-    use_warmup: Union[int, bool] = 0
+    use_warmup: int = 0  # or a bool
     port: Optional[int] = None
     metrics_port: Optional[int] = None
-    engine_worker_queue_port: Optional[Union[int, str]] = None
+    engine_worker_queue_port: Optional[int] = None  # or FastDeploy's "8002,8003" str
     trust_remote_code: bool = False
     pipeline_parallel_size: int = 1
     task: str = "auto"
