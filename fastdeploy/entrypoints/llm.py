@@ -22,6 +22,7 @@ from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.warmup import warm_up
 from fastdeploy.entrypoints import chat_utils
 from fastdeploy.input.input_processor import check_text
 
@@ -46,6 +47,8 @@ class LLM:
         args = EngineArgs.from_kwargs(model, kwargs)
         self.chat_template = chat_utils.load_chat_template(args.chat_template)  # before the slow load
         self.llm_engine = LLMEngine.from_engine_args(args)
+        if args.use_warmup:
+            warm_up(self.llm_engine)
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # ident of the thread running a call, for the reentry check
 

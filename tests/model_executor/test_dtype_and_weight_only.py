@@ -142,7 +142,7 @@ def test_float32_is_exact_and_auto_follows_the_checkpoint(tiny):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(dtype="float16"), r"dtype must be one of \['auto', 'bfloat16', 'float32'\], got 'float16'"),
+    (dict(dtype="float64"), r"dtype must be one of \['auto', 'bfloat16', 'float16', 'float32'\], got 'float64'"),
     (dict(dtype=None), r"dtype must be one of .*got None"),
     (dict(quantization="int8"), r"quantization must be one of \['wint8', 'wint4'\] or None, got 'int8'"),
 ])

@@ -1,7 +1,17 @@
-"""Where a `model=` argument points: a local directory, a .gguf file, or the local HF cache.
+"""Where a `model=` argument points: a local directory, a .gguf file, or a local model cache.
 
-This engine never downloads: a name that is not a local path is looked up in the Hugging Face
-cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`) and nowhere else.
+This engine never downloads: a name (`org/name`) that is not a local path is looked up in the
+Hugging Face cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`), or, when
+`VLLM_USE_MODELSCOPE=True` (vLLM's switch) or `FD_MODEL_SOURCE=MODELSCOPE` (FastDeploy's) is set,
+in the places the ModelScope hub and FastDeploy download to, without the `modelscope` package:
+
+  * `$MODELSCOPE_CACHE/models/org/name` (`MODELSCOPE_CACHE` defaults to `~/.cache/modelscope/hub`),
+    and `$MODELSCOPE_CACHE/org/name` (older modelscope releases); modelscope writes a `.` of the
+    name as `___` (`Qwen2.5` -> `Qwen2___5`), so both spellings are tried;
+  * `$FD_MODEL_CACHE/org/name` (FastDeploy's download directory; `FD_MODEL_CACHE` defaults to the
+    home directory, as in FastDeploy).
+For `baidu/...` every place is also tried with `PaddlePaddle/...`, the organisation that holds
+Baidu's models on ModelScope (FastDeploy renames the id the same way before downloading).
 """
 import importlib.util
 import os
@@ -52,8 +62,32 @@ def _cached_snapshot(repo_id: str, cache: Path):
     return None
 
 
+def use_modelscope() -> bool:
+    """Whether model names are ModelScope ids: VLLM_USE_MODELSCOPE=True (any case, as vLLM reads
+    it) or FD_MODEL_SOURCE=MODELSCOPE."""
+    return (os.environ.get("VLLM_USE_MODELSCOPE", "").strip().lower() == "true"
+            or os.environ.get("FD_MODEL_SOURCE", "").strip().upper() == "MODELSCOPE")
+
+
+def modelscope_candidates(repo_id: str) -> list[Path]:
+    """The directories a ModelScope id may have been downloaded to, in the order they are tried
+    (see the module docstring)."""
+    hub = Path(os.environ.get("MODELSCOPE_CACHE") or Path.home() / ".cache" / "modelscope" / "hub").expanduser()
+    fd_cache = Path(os.environ.get("FD_MODEL_CACHE") or Path.home()).expanduser()
+    org, name = repo_id.split("/", 1)
+    orgs = [org] + (["PaddlePaddle"] if org.lower() == "baidu" else [])
+    names = [name] + ([name.replace(".", "___")] if "." in name else [])
+    places = [root / o / n for root in (hub / "models", hub) for o in orgs for n in names]
+    return places + [fd_cache / o / name for o in orgs]
+
+
+def _is_repo_id(model: str) -> bool:
+    return "/" in model and not model.startswith(("/", ".", "~"))
+
+
 def resolve_model_path(model) -> str:
-    """A local path for `model`: None -> the default model; an existing path as is; else the HF cache.
+    """A local path for `model`: None -> the default model; an existing path as is; else a name in
+    the local HF cache, or in the ModelScope / FastDeploy caches when use_modelscope().
 
     Raises FileNotFoundError naming the places looked at when nothing is found.
     """
@@ -64,13 +98,26 @@ def resolve_model_path(model) -> str:
     path = Path(model).expanduser()
     if path.exists():
         return str(path)
+    name = str(model)
+    if use_modelscope():
+        places = modelscope_candidates(name) if _is_repo_id(name) else []
+        for place in places:
+            if (place / "config.json").is_file():
+                return str(place)
+        looked = ", ".join(str(p) for p in places) or "nowhere: it is not an org/name id"
+        raise FileNotFoundError(
+            f"model {name!r} is not a local directory or file, and ModelScope ids are looked up locally "
+            f"(VLLM_USE_MODELSCOPE / FD_MODEL_SOURCE is set) in: {looked}; none holds a config.json. This "
+            "engine does not download models: download it elsewhere (e.g. `modelscope download --model "
+            f"{name}`) and pass its local path."
+        )
     cache = hf_cache_dir()
-    if "/" in str(model) and not str(model).startswith(("/", ".")):
-        snapshot = _cached_snapshot(str(model), cache)
+    if _is_repo_id(name):
+        snapshot = _cached_snapshot(name, cache)
         if snapshot is not None:
             return str(snapshot)
     raise FileNotFoundError(
-        f"model {str(model)!r} is not a local directory or file, and is not in the local Hugging Face "
+        f"model {name!r} is not a local directory or file, and is not in the local Hugging Face "
         f"cache ({cache}). This engine does not download models: download it elsewhere and pass its "
         "local path."
     )

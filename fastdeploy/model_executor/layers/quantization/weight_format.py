@@ -10,9 +10,12 @@
     output feature / asymmetric int4 per group of 32 inputs (layers/quantization/packed.py);
   * `dtype="bfloat16"`: weights held in bf16;
   * `dtype="float32"`: dense float32, exactly (the mode the parity tests use);
+  * `dtype="float16"` (vLLM's name for fp16 checkpoints): dense float32 too, holding the float16
+    values exactly (the CPU has no fast float16 matmul); `"bfloat16"` halves their memory instead;
   * `dtype="auto"` (the default): the checkpoint's dtype (config.json's `torch_dtype`, or `dtype` in
     Paddle checkpoints and transformers 5): bf16 checkpoints are held in bf16 where the CPU has
-    AVX512-BF16 or AMX-BF16 (`vdpbf16ps` / tiles run the op at full speed), float32 otherwise.
+    AVX512-BF16 or AMX-BF16 (`vdpbf16ps` / tiles run the op at full speed), float32 otherwise; float16
+    and float32 checkpoints in float32.
 
 The packed formats need the compiled `fd_packed_linear` op; without it (no compiler, fallbacks forced)
 every format but GGUF is float32, with a warning when the user asked for another.
