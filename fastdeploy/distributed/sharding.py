@@ -125,14 +125,15 @@ class TensorParallelShard:
     def row_parallel_inputs(self) -> dict[str, tuple[int, str]]:
         """This rank's input features of each row-parallel weight: {layer name pattern: (width, how it
         follows from the config)} (a shared expert's width is a multiple of the experts')."""
-        c, n = self.config, self.size
-        heads = (self.q_rows[1] - self.q_rows[0]) // c.head_dim
-        widths = {"model.layers.*.self_attn.o_proj": (self.q_rows[1] - self.q_rows[0],
-                                                      f"{heads} query heads x head_dim={c.head_dim}"),
-                  "model.layers.*.mlp.down_proj": (c.intermediate_size // n, f"intermediate_size={c.intermediate_size} / {n}")}
-        if moe_intermediate_size(c):
-            widths["model.layers.*.mlp.experts.*.down_proj"] = (
-                moe_intermediate_size(c) // n, f"moe_intermediate_size={moe_intermediate_size(c)} / {n}")
+        c, n, moe = self.config, self.size, moe_intermediate_size(self.config)
+        query = self.q_rows[1] - self.q_rows[0]
+        widths = {
+            "model.layers.*.self_attn.o_proj": (query, f"{query // c.head_dim} query heads x head_dim={c.head_dim}"),
+            "model.layers.*.mlp.down_proj": (c.intermediate_size // n,
+                                             f"intermediate_size={c.intermediate_size} / {n}"),
+        }
+        if moe:
+            widths["model.layers.*.mlp.experts.*.down_proj"] = (moe // n, f"moe_intermediate_size={moe} / {n}")
         return widths
 
     def check_packed_split(self, kind: int) -> None:

@@ -79,8 +79,8 @@ class MultiprocExecutor(Executor):
     read the checkpoint themselves); model_quant_config: what each rank builds its model with (the
     resolved weight format's: GGUF, packed bf16/wint8/wint4, or None for float32), checked for
     packed formats to suit every rank's shard. Raises ValueError for a split the checkpoint or the
-    format does not allow or a master_port in use, before any worker starts; WorkerFailure (a RuntimeError) naming the
-    rank when a worker fails to start.
+    format does not allow or a master_port in use, before any worker starts; WorkerFailure (a
+    RuntimeError) naming the rank when a worker fails to start.
     start_timeout_s: how long start-up (joining the group and loading) may take in all (None: no limit).
     """
 

@@ -113,8 +113,9 @@ def test_wint8_ranks_quantize_row_parallel_columns_as_the_whole_matrix():
     x = rng.standard_normal((3, 128)).astype(np.float32)
     total = np.zeros((3, 8), np.float32)
     for rank in range(2):
-        part = TensorParallelShard(config(intermediate_size=128), rank, 2).shard("model.layers.0.mlp.down_proj.weight", w)
-        linear = Linear(64, {None: 8}, False, PackedConfig(WINT8).linear_method(["model.layers.0.mlp.down_proj.weight"]))
+        name = "model.layers.0.mlp.down_proj.weight"
+        part = TensorParallelShard(config(intermediate_size=128), rank, 2).shard(name, w)
+        linear = Linear(64, {None: 8}, False, PackedConfig(WINT8).linear_method([name]))
         linear.weight_loader(linear.weight, part)
         total += linear(paddle.to_tensor(x[:, 64 * rank:64 * (rank + 1)])).numpy()  # the all-reduce's sum
     np.testing.assert_allclose(total, bf16_values(x) @ dequantized.T, rtol=1e-4, atol=1e-4)

@@ -4,10 +4,10 @@ Oracle for the tokens: the single-process engine on the same checkpoint (itself 
 transformers in tests/model_executor/), greedy tokens equal up to a near-tie of the N = 1 run
 (helpers.assert_same_greedy: the all-reduce sums partial products in another order, so logits differ
 by float rounding), seeded sampling equal. The packed weight formats (bf16, wint8, wint4) against
-the single process in the same format (which runs the fused decoder-layer op, the ranks layer by
-layer), with the ranks holding the same bytes of parameters in all. Faults: a SIGKILLed worker, a rank failing to load or
-raising mid-run, a port in use; after each, and after construct/destroy cycles, no worker process is
-left (and the engine process does not grow from cycle to cycle).
+the single process in the same format (which runs the fused decoder-layer op, the ranks layer
+by layer), the ranks holding the same bytes of parameters in all. Faults: a SIGKILLed worker, a
+rank failing to load or raising mid-run, a port in use; after each, and after construct/destroy
+cycles, no worker process is left (and the engine process does not grow from cycle to cycle).
 """
 import os
 import signal
@@ -133,7 +133,8 @@ def test_packed_format_is_kept_by_the_ranks_with_the_same_tokens(tmp_path, tiny_
     scored = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, logprobs=3)
     for path in (tiny_llama, moe):
         single = LLM(model=path, **settings)
-        ref, ref_scored = greedy_with_gaps(single, TINY_PROMPTS, 24), single.generate(TINY_PROMPTS, scored, use_tqdm=False)
+        ref = greedy_with_gaps(single, TINY_PROMPTS, 24)
+        ref_scored = single.generate(TINY_PROMPTS, scored, use_tqdm=False)
         ref_bytes = parameter_bytes(single.llm_engine.executor.runner.model)
         single.shutdown()
         llm = LLM(model=path, tensor_parallel_size=2, **settings)

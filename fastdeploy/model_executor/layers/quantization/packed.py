@@ -25,6 +25,10 @@ this keeps it within a few percent.
 An MLP's gate_up (a Linear with activation "swiglu") is packed with its rows interleaved
 (`swiglu_rows`): each panel holds 32 gate features then the same 32 up features, so the op computes
 silu(gate) * up where it writes y, and y is the intermediate size wide.
+
+Under tensor parallelism each rank packs its own shard (distributed/sharding.py); a row-parallel
+weight's input columns arrive as a `ColumnShard`, and wint8 scales them by the whole rows' absmax
+it carries, so the rank holds exactly its columns of what one process would pack.
 """
 from typing import Callable, Optional, Sequence
 
