@@ -147,7 +147,8 @@ def report(label: str, path: str, weight_format: str, args) -> None:
         if out.returncode:
             sys.exit(f"TP={size} {weight_format} on {label} failed:\n{out.stderr[-3000:]}")
         results[size] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"=== {label}, {weight_format}: batch {args.batch} x {args.tokens} tokens, "
+    held = {"float32": " (its blocks as stored)", "bfloat16": " (blocks dequantized)"} if path.endswith(".gguf") else {}
+    print(f"=== {label}, {weight_format}{held.get(weight_format, '')}: batch {args.batch} x {args.tokens} tokens, "
           f"{KV_BLOCKS} KV blocks of {BLOCK_SIZE} ===")
     for size, r in results.items():
         comm = ", ".join(f"{c:.1f}" for c in r["comm_ms_per_step"]) or "-"
