@@ -1,5 +1,9 @@
 """What tensor parallelism costs and saves here: TP = 1 and 2 on the default model and on a random
-checkpoint of ERNIE-4.5-0.3B's shapes (written once by benchmark_load_ernie.py's writer).
+checkpoint of ERNIE-4.5-0.3B's shapes (written once by benchmark_load_ernie.py's writer), in each
+weight format of `--formats` (TP keeps the format: every rank packs its own shard):
+  * bfloat16 (the default): `dtype="bfloat16"` (the GGUF model: its blocks dequantized to bf16);
+  * float32: `dtype="float32"` (the GGUF model: its blocks, as stored);
+  * wint8, wint4: `quantization=...` (float checkpoints only: skipped for the GGUF model).
 
 Each configuration runs in a fresh child process (the engine, plus its worker processes for TP = 2)
 and reports:
@@ -10,10 +14,12 @@ and reports:
     broadcast; waiting for the slower rank included), from the workers' own counters
     (TensorParallelGroup.comm_seconds) over the single-stream runs, against the step time;
   * resident memory of each process that holds weights (the engine for TP = 1, each rank for
-    TP = 2) after the runs, beside a bare process's (imports only) and the model's fp32 weight and
-    KV-cache bytes divided by the rank count.
+    TP = 2) after the runs, beside a bare process's (imports only), the bytes of the parameters
+    each such process holds (as held: packed weights as their buffers), and the model's fp32
+    weight and KV-cache bytes divided by the rank count.
 
-    python benchmarks/benchmark_tensor_parallel.py [--models smollm,ernie] [--batch 8] [--tokens 32]
+    python benchmarks/benchmark_tensor_parallel.py [--models smollm,ernie] [--formats bfloat16,float32,wint8,wint4]
+        [--batch 8] [--tokens 32]
 """
 import argparse
 import json
@@ -29,6 +35,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 ENV_AT_START = dict(os.environ)
 KV_BLOCKS, BLOCK_SIZE = 64, 64
 GiB = 2**30
+FORMATS = {"bfloat16": dict(dtype="bfloat16"), "float32": dict(dtype="float32"),
+           "wint8": dict(quantization="wint8"), "wint4": dict(quantization="wint4")}
 
 
 def rss_bytes() -> int:
@@ -36,15 +44,17 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(model: str, size: int, batch: int, tokens: int) -> dict:
+def child(model: str, size: int, weight_format: str, batch: int, tokens: int) -> dict:
     import fastdeploy  # noqa: F401  (first: CPU environment before paddle)
     from fastdeploy import LLM, SamplingParams
     from fastdeploy.engine.engine import LLMEngine
+    from fastdeploy.worker.tp_worker import parameter_bytes
 
     bare = rss_bytes()
     start = time.perf_counter()
-    llm = LLM(model=model, tensor_parallel_size=size, dtype="float32", max_model_len=512, max_num_seqs=batch,
-              num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    llm = LLM(model=model, tensor_parallel_size=size, max_model_len=512, max_num_seqs=batch,
+              num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK_SIZE, enable_prefix_caching=False,
+              **FORMATS[weight_format])
     startup = time.perf_counter() - start
     steps = [0]
     step = LLMEngine.step
@@ -77,6 +87,8 @@ def child(model: str, size: int, batch: int, tokens: int) -> dict:
         "step_ms": 1000 * step_s,
         "comm_ms_per_step": [1000 * (s.comm_seconds - c) / steps[0] for s, c in zip(stats, comm0)],
         "rss_gib": [s.resident_bytes / GiB for s in stats] if stats else [rss_bytes() / GiB],
+        "params_gib": ([s.parameter_bytes / GiB for s in stats] if stats
+                       else [parameter_bytes(executor.runner.model) / GiB]),
         "engine_rss_gib": rss_bytes() / GiB, "bare_rss_gib": bare / GiB,
         "weights_gib_per_rank": mc.weight_bytes() / size / GiB,
         "kv_gib_per_rank": KV_BLOCKS * BLOCK_SIZE * mc.kv_bytes_per_token() / size / GiB,
@@ -102,37 +114,55 @@ def model_paths(names: list[str], ernie_dir: Path) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="smollm,ernie")
+    parser.add_argument("--formats", default="bfloat16", help=f"comma-separated, of {sorted(FORMATS)}")
     parser.add_argument("--ernie-dir", default="/tmp/ernie-0.3b-random")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--child", nargs=2, metavar=("MODEL", "SIZE"))
+    parser.add_argument("--child", nargs=3, metavar=("MODEL", "SIZE", "FORMAT"))
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.batch, args.tokens)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.child[2], args.batch, args.tokens)))
         return
+    formats = args.formats.split(",")
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        parser.error(f"--formats: {unknown} unknown; choose from {sorted(FORMATS)}")
     print(f"load average at start: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
     for label, path in model_paths(args.models.split(","), Path(args.ernie_dir)).items():
-        results = {}
-        for size in (1, 2):
-            out = subprocess.run([sys.executable, __file__, "--child", path, str(size), "--batch", str(args.batch),
-                                  "--tokens", str(args.tokens)], env=ENV_AT_START, capture_output=True, text=True)
-            if out.returncode:
-                sys.exit(f"TP={size} on {label} failed:\n{out.stderr[-3000:]}")
-            results[size] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"=== {label}: batch {args.batch} x {args.tokens} tokens, {KV_BLOCKS} KV blocks of {BLOCK_SIZE} ===")
-        for size, r in results.items():
-            comm = ", ".join(f"{c:.1f}" for c in r["comm_ms_per_step"]) or "-"
-            rss = ", ".join(f"{g:.2f}" for g in r["rss_gib"])
-            print(f"TP={size}: start-up {r['startup_s']:.1f} s, batched {r['batched_tok_s']:.1f} tok/s, "
-                  f"single stream {r['decode_tok_s']:.1f} tok/s ({r['step_ms']:.1f} ms/step, collectives "
-                  f"{comm} ms/step per rank); RSS per process holding weights {rss} GiB (bare process "
-                  f"{r['bare_rss_gib']:.2f}, engine process {r['engine_rss_gib']:.2f}); fp32 weights "
-                  f"{r['weights_gib_per_rank']:.2f} + KV {r['kv_gib_per_rank']:.3f} GiB per rank")
-        one, two = results[1], results[2]
-        print(f"ratios TP=2/TP=1: batched {two['batched_tok_s'] / one['batched_tok_s']:.2f}x, single stream "
-              f"{two['decode_tok_s'] / one['decode_tok_s']:.2f}x, largest rank RSS "
-              f"{max(two['rss_gib']) / max(one['rss_gib']):.2f}x")
+        for weight_format in formats:
+            if path.endswith(".gguf") and weight_format.startswith("wint"):
+                print(f"=== {label}: {weight_format} skipped (quantization applies to float checkpoints) ===")
+                continue
+            report(label, path, weight_format, args)
     print(f"load average at end: {os.getloadavg()}")
+
+
+def report(label: str, path: str, weight_format: str, args) -> None:
+    """Run TP = 1 and 2 of one model in one format, each in a fresh process, and print their rows."""
+    results = {}
+    for size in (1, 2):
+        out = subprocess.run([sys.executable, __file__, "--child", path, str(size), weight_format,
+                              "--batch", str(args.batch), "--tokens", str(args.tokens)],
+                             env=ENV_AT_START, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"TP={size} {weight_format} on {label} failed:\n{out.stderr[-3000:]}")
+        results[size] = json.loads(out.stdout.strip().splitlines()[-1])
+    held = {"float32": " (its blocks as stored)", "bfloat16": " (blocks dequantized)"} if path.endswith(".gguf") else {}
+    print(f"=== {label}, {weight_format}{held.get(weight_format, '')}: batch {args.batch} x {args.tokens} tokens, "
+          f"{KV_BLOCKS} KV blocks of {BLOCK_SIZE} ===")
+    for size, r in results.items():
+        comm = ", ".join(f"{c:.1f}" for c in r["comm_ms_per_step"]) or "-"
+        rss = ", ".join(f"{g:.2f}" for g in r["rss_gib"])
+        params = ", ".join(f"{g:.2f}" for g in r["params_gib"])
+        print(f"TP={size}: start-up {r['startup_s']:.1f} s, batched {r['batched_tok_s']:.1f} tok/s, "
+              f"single stream {r['decode_tok_s']:.1f} tok/s ({r['step_ms']:.1f} ms/step, collectives "
+              f"{comm} ms/step per rank); RSS per process holding weights {rss} GiB (parameters {params} GiB; "
+              f"bare process {r['bare_rss_gib']:.2f}, engine process {r['engine_rss_gib']:.2f}); fp32 weights "
+              f"{r['weights_gib_per_rank']:.2f} + KV {r['kv_gib_per_rank']:.3f} GiB per rank")
+    one, two = results[1], results[2]
+    print(f"ratios TP=2/TP=1 ({weight_format}): batched {two['batched_tok_s'] / one['batched_tok_s']:.2f}x, "
+          f"single stream {two['decode_tok_s'] / one['decode_tok_s']:.2f}x, largest rank RSS "
+          f"{max(two['rss_gib']) / max(one['rss_gib']):.2f}x")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ Per decoder layer, with N ranks:
 GGUF matrices stay quantized: a row split cuts whole rows; a column split must fall on a block
 boundary (32 weights), which `check_quantized_split` verifies before loading.
 
+The packed formats (bf16, wint8, wint4: layers/quantization/packed.py) are packed by each rank from
+its own float shard, in the layout of its local sizes (64-feature panels, the gate_up SwiGLU
+interleave over its own gate and up rows). A row-parallel weight's columns come as a ColumnShard
+carrying the whole rows' absmax, so wint8's per-output-feature scales are one process's; wint4's
+groups of 32 inputs are one process's when every rank's input columns are a multiple of 32, which
+`check_packed_split` requires before loading (bf16 and wint8: an even number). Every rank therefore
+holds exactly its slice of what one process would hold.
+
 Each rank then builds the ordinary model from `local_config()` (its head counts, intermediate
 sizes and vocabulary rows) and loads `shard_weights(...)`: weights are sliced as they stream from
 the checkpoint, so a rank never holds more than its shard plus one tensor.
@@ -32,6 +40,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from fastdeploy.config import ModelConfig
+from fastdeploy.model_executor.layers.quantization.packed import KIND_IDS, column_shard, input_multiple
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
 GGUF_BLOCK_WEIGHTS = 32  # weights per block of the GGUF types kept quantized (Q4_0, Q4_1, Q8_0)
@@ -113,6 +122,32 @@ class TensorParallelShard:
                         f"tensor_parallel_size={self.size}: rank {self.rank}'s {width} input columns of the "
                         f"quantized {name!r} are not a multiple of the GGUF block ({GGUF_BLOCK_WEIGHTS} weights)")
 
+    def row_parallel_inputs(self) -> dict[str, tuple[int, str]]:
+        """This rank's input features of each row-parallel weight: {layer name pattern: (width, how it
+        follows from the config)} (a shared expert's width is a multiple of the experts')."""
+        c, n, moe = self.config, self.size, moe_intermediate_size(self.config)
+        query = self.q_rows[1] - self.q_rows[0]
+        widths = {
+            "model.layers.*.self_attn.o_proj": (query, f"{query // c.head_dim} query heads x head_dim={c.head_dim}"),
+            "model.layers.*.mlp.down_proj": (c.intermediate_size // n,
+                                             f"intermediate_size={c.intermediate_size} / {n}"),
+        }
+        if moe:
+            widths["model.layers.*.mlp.experts.*.down_proj"] = (moe // n, f"moe_intermediate_size={moe} / {n}")
+        return widths
+
+    def check_packed_split(self, kind: int) -> None:
+        """ValueError before loading when a row-parallel weight's input columns on this rank do not suit
+        packed `kind` (a multiple of wint4's 32-input groups; even for bf16 and wint8), naming the layer
+        and the sizes: one process would pack it, this rank could not."""
+        multiple, name = input_multiple(kind), {v: k for k, v in KIND_IDS.items()}[kind]
+        for layer, (width, how) in self.row_parallel_inputs().items():
+            if width % multiple:
+                raise ValueError(
+                    f"tensor_parallel_size={self.size} with {name} weights: rank {self.rank} would hold {width} "
+                    f"input features of {layer} ({how}), not a multiple of {multiple} as {name} needs; choose "
+                    f"a tensor_parallel_size that keeps them one, or another weight format")
+
     def shard_weights(self, weights: Iterable[tuple[str, object]]) -> Iterator[tuple[str, object]]:
         """(name, this rank's part of the tensor) for each checkpoint tensor (see the module docstring)."""
         for name, tensor in weights:
@@ -151,11 +186,13 @@ def _rows(tensor, start: int, end: int):
 
 
 def _columns(tensor, start: int, end: int):
+    """Input columns start:end: GGUF blocks, or a float ColumnShard (with the whole rows' absmax)."""
     if isinstance(tensor, QuantizedTensor):
         block_bytes = tensor.blocks.shape[1] // (tensor.in_features // GGUF_BLOCK_WEIGHTS)
         lo, hi = start // GGUF_BLOCK_WEIGHTS * block_bytes, end // GGUF_BLOCK_WEIGHTS * block_bytes
         return QuantizedTensor(np.ascontiguousarray(tensor.blocks[:, lo:hi]), tensor.qtype, end - start)
-    return np.ascontiguousarray(tensor[:, start:end])
+    absmax = np.maximum(tensor.max(axis=1), -tensor.min(axis=1))  # no |tensor| temporary
+    return column_shard(np.ascontiguousarray(tensor[:, start:end]), absmax)
 
 
 def _pad_rows(tensor, rows: int):

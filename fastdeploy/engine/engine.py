@@ -66,14 +66,13 @@ class LLMEngine:
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)
         hf_config = complete_hf_config(source.hf_config, tokenizer)  # ERNIE-4.5-VL: its token ids resolved
-        weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config,
-                                              tensor_parallel_size=args.tensor_parallel_size)
+        weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config)
         config = args.create_engine_config(path, hf_config, source.generation_config)
         weights_bytes = config.model_config.weight_bytes(weight_format.bytes_per_weight,
                                                          weight_format.lm_head_bytes_per_weight)
         config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
-            executor = MultiprocExecutor(config, source.quant_config)
+            executor = MultiprocExecutor(config, source.quant_config, weight_format.quant_config)
         else:
             executor = InProcessExecutor(config, source.weights(), weight_format.quant_config)
         logger.info("loaded %s (weights: %s, KV cache: %s) in %.1f s on %d threads", path, weight_format.name,

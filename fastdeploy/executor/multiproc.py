@@ -76,19 +76,28 @@ class MultiprocExecutor(Executor):
     """`fd_config.tensor_parallel_size` worker processes on this machine; see the module docstring.
 
     quant_config: the checkpoint's (for GGUF, checked to split on block boundaries; the workers
-    read the checkpoint themselves). Raises ValueError for a split the checkpoint does not allow
-    or a master_port in use, before any worker starts; WorkerFailure (a RuntimeError) naming the
-    rank when a worker fails to start.
+    read the checkpoint themselves); model_quant_config: what each rank builds its model with (the
+    resolved weight format's: GGUF, packed bf16/wint8/wint4, or None for float32), checked for
+    packed formats to suit every rank's shard. Raises ValueError for a split the checkpoint or the
+    format does not allow or a master_port in use, before any worker starts; WorkerFailure (a
+    RuntimeError) naming the rank when a worker fails to start.
     start_timeout_s: how long start-up (joining the group and loading) may take in all (None: no limit).
     """
 
-    def __init__(self, fd_config: FDConfig, quant_config=None, start_timeout_s: Optional[float] = None):
+    def __init__(self, fd_config: FDConfig, quant_config=None, model_quant_config=None,
+                 start_timeout_s: Optional[float] = None):
         self.size = fd_config.tensor_parallel_size
         self.nnodes = fd_config.nnodes
         self.local_size = self.size // self.nnodes  # ranks 0 .. local_size - 1 run here, the rest on other nodes
         tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
-        for rank in range(self.size if tensor_types else 0):  # ValueError before any worker starts
-            TensorParallelShard(fd_config.model_config, rank, self.size).check_quantized_split(tensor_types)
+        packed_kind = getattr(model_quant_config, "kind", None)  # PackedConfig: bf16, wint8 or wint4
+        for rank in range(self.size):  # ValueError before any worker starts
+            shard = TensorParallelShard(fd_config.model_config, rank, self.size)
+            if tensor_types:
+                shard.check_quantized_split(tensor_types)
+            if packed_kind is not None:
+                shard.check_packed_split(packed_kind)
+        self.model_quant_config = model_quant_config
         self.master_addr = fd_config.master_addr
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
@@ -131,7 +140,7 @@ class MultiprocExecutor(Executor):
                                         pass_fds=[theirs.fileno()], env=env, start_new_session=True)
             self._procs.append(proc)
             self._conns.append(Connection(ours.detach()))
-            self._conns[-1].send((fd_config, threads))
+            self._conns[-1].send((fd_config, self.model_quant_config, threads))
         replies = self._collect(range(self.local_size), "start-up", timeout)
         self.start_memory = [replies[r] for r in range(self.local_size)]
 
@@ -140,8 +149,8 @@ class MultiprocExecutor(Executor):
         return self._request(("step", scheduler_output), "step")[0]
 
     def worker_stats(self) -> list:
-        """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident bytes now, collectives' time and
-        count so far), in rank order."""
+        """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident and parameter bytes now,
+        collectives' time and count so far), in rank order."""
         replies = self._request(("stats",), "stats request")
         return [replies[r] for r in range(self.local_size)]
 

@@ -6,7 +6,8 @@ MASTER_ADDR, MASTER_PORT, ...: the names `paddle.distributed.launch` sets) and F
 descriptor of its end of a socket pair with the engine. Over it (multiprocessing Connection
 messages):
 
-    engine -> worker   (fd_config, threads)          once, first
+    engine -> worker   (fd_config, quant_config, threads)   once, first (quant_config: the model's, the
+                                                         resolved weight format's; None: float32)
     worker -> engine   ("ready", resident bytes) | ("error", traceback text)
     engine -> worker   ("step", SchedulerOutput)     each step, to every rank
     worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
@@ -23,6 +24,7 @@ It exits when the engine closes its end (the engine died) and ignores Ctrl-C (th
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -42,9 +44,11 @@ from fastdeploy.worker.model_runner import ModelRunner
 
 @dataclasses.dataclass
 class WorkerStats:
-    """What a rank reports about itself: resident memory, and time and count of its collectives so far."""
+    """What a rank reports about itself: resident memory, the bytes of its model's parameters as held
+    (packed weights as their packed buffers), and time and count of its collectives so far."""
 
     resident_bytes: int
+    parameter_bytes: int
     comm_seconds: float
     comm_calls: int
 
@@ -59,6 +63,23 @@ def resident_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def parameter_bytes(model) -> int:
+    """Bytes of `model`'s parameters (a paddle.nn.Layer) in the dtypes they are held in."""
+    return sum(int(np.prod(p.shape)) * p.element_size() for p in model.parameters())
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the kernel (glibc `malloc_trim(0)`; nothing elsewhere).
+
+    Loading passes whole checkpoint tensors through each rank (a rank slices them, and packs its
+    float shards), and `reuse_freed_memory` keeps up to 1 GiB of what is freed in the heap: without
+    this, a rank of a bf16 model would keep its load-time peak, as large as its weights."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def wait_for_listener(host: str, port: int, timeout_s: float = 600.0) -> None:
@@ -96,8 +117,9 @@ def init_process_group():
     return group
 
 
-def build_runner(fd_config, group):
-    """Open the checkpoint, build this rank's model from its local config and load its shard."""
+def build_runner(fd_config, quant_config, group):
+    """Open the checkpoint, build this rank's model from its local config in the weight format of
+    `quant_config` (each packed weight packed from this rank's shard) and load its shard."""
     from fastdeploy.distributed.sharding import TensorParallelShard
     from fastdeploy.model_executor.model_loader import open_model
     from fastdeploy.model_executor.models import get_model_class
@@ -107,7 +129,7 @@ def build_runner(fd_config, group):
     shard = TensorParallelShard(fd_config.model_config, group.rank, group.size)  # splits checked by the engine
     local = dataclasses.replace(fd_config, model_config=shard.local_config())
     model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,
-                      source.quant_config)
+                      quant_config)
     model.load_weights(shard.shard_weights(source.weights()))
     return TensorParallelModelRunner(local, model, group)
 
@@ -147,7 +169,8 @@ def serve(conn: Connection, runner, rank: int, relay=None) -> None:
                 reply = ("ok", output if rank == 0 else None)
             elif kind == "stats":
                 group = runner.group
-                reply = ("ok", WorkerStats(resident_bytes(), group.comm_seconds, group.comm_calls))
+                reply = ("ok", WorkerStats(resident_bytes(), parameter_bytes(runner.model), group.comm_seconds,
+                                           group.comm_calls))
             else:
                 reply = ("error", f"unknown message {kind!r}")
         except Exception:
@@ -174,7 +197,8 @@ def main(argv: list[str]) -> int:
     rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
     local_size = world // int(os.environ.get("PADDLE_NNODES", "1"))
     try:
-        fd_config, threads = conn.recv() if conn else (None, int(os.environ.get("OMP_NUM_THREADS", "1")))
+        fd_config, quant_config, threads = (conn.recv() if conn else
+                                            (None, None, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         paddle.base.core.set_num_threads(threads)
         reuse_freed_memory()
         group = init_process_group()
@@ -184,10 +208,11 @@ def main(argv: list[str]) -> int:
 
             relay = Relay(world, local_size)  # every rank takes part in creating the group
             if rank == 0:
-                relay.send(fd_config)
+                relay.send((fd_config, quant_config))
             elif rank >= local_size:
-                fd_config = relay.recv()
-        runner = build_runner(fd_config, group)
+                fd_config, quant_config = relay.recv()
+        runner = build_runner(fd_config, quant_config, group)
+        return_freed_memory()
         if relay is not None:  # rank 0 is ready once the other nodes' ranks (which cannot tell the engine) are
             paddle.distributed.barrier()
     except BaseException:

@@ -2,13 +2,16 @@
 
 Oracles: the partition properties (every KV head on exactly one rank, query heads following their
 GQA group), gguf-py's dequantization of the whole matrix (a GGUF column shard must dequantize to
-the same columns), and plain numpy slicing for dense tensors.
+the same columns), plain numpy slicing for dense tensors, and the wint8 formula (absmax / 127 per
+output feature of the whole matrix) for the ranks' packed row-parallel columns.
 """
 import numpy as np
 import pytest
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.distributed.sharding import TensorParallelShard, check_tensor_parallel, kv_head_range
+from fastdeploy.model_executor.layers.linear import Linear
+from fastdeploy.model_executor.layers.quantization.packed import BF16, WINT4, WINT8, PackedConfig, bf16_values
 from fastdeploy.model_executor.model_loader.quantized import Q4_1, Q8_0, QuantizedTensor
 
 SMOLLM = dict(architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -97,3 +100,48 @@ def test_gguf_split_inside_a_block_is_refused_before_loading():
     shard = TensorParallelShard(config(intermediate_size=96, num_key_value_heads=3), 0, 2)  # 48 columns
     with pytest.raises(ValueError, match="48 input columns .* not a multiple of the GGUF block"):
         shard.check_quantized_split({"model.layers.0.mlp.down_proj.weight": Q8_0})
+
+
+def test_wint8_ranks_quantize_row_parallel_columns_as_the_whole_matrix():
+    import paddle
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((8, 128)).astype(np.float32)
+    w[:, 3] *= 20  # each row's absmax lies in rank 0's columns: rank 1's own absmax would be far smaller
+    s = np.abs(w).max(axis=1) / 127  # the oracle: one process's wint8 of the whole matrix
+    dequantized = np.clip(np.rint(w / s[:, None]), -127, 127) * s[:, None]
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    total = np.zeros((3, 8), np.float32)
+    for rank in range(2):
+        name = "model.layers.0.mlp.down_proj.weight"
+        part = TensorParallelShard(config(intermediate_size=128), rank, 2).shard(name, w)
+        linear = Linear(64, {None: 8}, False, PackedConfig(WINT8).linear_method([name]))
+        linear.weight_loader(linear.weight, part)
+        total += linear(paddle.to_tensor(x[:, 64 * rank:64 * (rank + 1)])).numpy()  # the all-reduce's sum
+    np.testing.assert_allclose(total, bf16_values(x) @ dequantized.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("changes,kind,words", [
+    (dict(intermediate_size=96, hf_config={"moe_intermediate_size": 128}), WINT4,
+     ["wint4", "model.layers.*.mlp.down_proj", "48 input features", "intermediate_size=96 / 2", "multiple of 32"]),
+    (dict(intermediate_size=128, hf_config={"moe_intermediate_size": 48}), WINT4,
+     ["model.layers.*.mlp.experts.*.down_proj", "24 input features", "moe_intermediate_size=48 / 2"]),
+    (dict(num_attention_heads=6, head_dim=8, intermediate_size=128), WINT4,
+     ["rank 1", "model.layers.*.self_attn.o_proj", "16 input features", "2 query heads x head_dim=8"]),
+    (dict(intermediate_size=70, hf_config={"moe_intermediate_size": 64}), BF16,
+     ["bfloat16", "35 input features", "multiple of 2"]),
+])
+def test_packed_split_the_format_cannot_take_is_refused_with_the_sizes(changes, kind, words):
+    c = config(num_key_value_heads=3, **changes)
+    with pytest.raises(ValueError) as e:
+        for rank in range(2):
+            TensorParallelShard(c, rank, 2).check_packed_split(kind)
+    for word in words:
+        assert word in str(e.value), (word, str(e.value))
+
+
+def test_packed_split_of_smollm_and_even_shards_is_accepted():
+    for size in (2, 3):
+        for rank in range(size):
+            for kind in (BF16, WINT8, WINT4):
+                TensorParallelShard(config(), rank, size).check_packed_split(kind)

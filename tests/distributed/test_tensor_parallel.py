@@ -3,9 +3,11 @@
 Oracle for the tokens: the single-process engine on the same checkpoint (itself tested against
 transformers in tests/model_executor/), greedy tokens equal up to a near-tie of the N = 1 run
 (helpers.assert_same_greedy: the all-reduce sums partial products in another order, so logits differ
-by float rounding), seeded sampling equal. Faults: a SIGKILLed worker, a rank failing to load or
-raising mid-run, a port in use; after each, and after construct/destroy cycles, no worker process is
-left (and the engine process does not grow from cycle to cycle).
+by float rounding), seeded sampling equal. The packed weight formats (bf16, wint8, wint4) against
+the single process in the same format (which runs the fused decoder-layer op, the ranks layer
+by layer), the ranks holding the same bytes of parameters in all. Faults: a SIGKILLed worker, a
+rank failing to load or raising mid-run, a port in use; after each, and after construct/destroy
+cycles, no worker process is left (and the engine process does not grow from cycle to cycle).
 """
 import os
 import signal
@@ -17,6 +19,7 @@ import pytest
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.executor.multiproc import WorkerFailure
 
+from fastdeploy.worker.tp_worker import parameter_bytes
 from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN, assert_same_greedy, top2_gaps
 from tiny_llama import make_tiny_llama
 from tiny_moe import make_tiny_moe
@@ -109,6 +112,56 @@ def assert_close_logprobs(ours: list[dict], theirs: list[dict]) -> None:
                 assert abs(a[token].logprob - lp.logprob) < 1e-4, (token, a[token], lp)
             else:  # only a candidate tied with another may be swapped out of the top k
                 assert min(abs(lp.logprob - x.logprob) for t, x in b.items() if t != token) < 1e-3
+
+
+# ---- the packed weight formats: each rank packs its own shard -----------------------------------------
+# Packed matmuls round their input rows to bf16, so a float32 sum-order difference that flips one rounding
+# grows to bf16 noise downstream (and may flip an MoE routing near-tie at a token): N = 2 and N = 1 then
+# differ by bf16 steps, not float32 ones.
+PACKED_NEAR_TIE = 0.1  # top-2 logprob gap below which bf16 noise may pick either token
+PACKED_LOGPROB_TOL = 0.05  # |logprob difference| of at least 95% of the scored candidates
+PACKED_FORMATS = {"bfloat16": dict(dtype="bfloat16"), "wint8": dict(quantization="wint8"),
+                  "wint4": dict(quantization="wint4")}
+WINT4_SPLITTABLE = dict(intermediate_size=128, moe_intermediate_size=64)  # halves: multiples of 32 inputs
+
+
+@pytest.mark.parametrize("fmt,family", [("bfloat16", "ernie4_5_moe"), ("wint8", "qwen3_moe"),
+                                        ("wint4", "ernie4_5_moe")])
+def test_packed_format_is_kept_by_the_ranks_with_the_same_tokens(tmp_path, tiny_llama, fmt, family):
+    moe = str(make_tiny_moe(tmp_path / family, family, **WINT4_SPLITTABLE))  # ERNIE: tied packed lm_head
+    settings = dict(max_model_len=512, num_gpu_blocks_override=64, **PACKED_FORMATS[fmt])
+    scored = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, logprobs=3)
+    for path in (tiny_llama, moe):
+        single = LLM(model=path, **settings)
+        ref = greedy_with_gaps(single, TINY_PROMPTS, 24)
+        ref_scored = single.generate(TINY_PROMPTS, scored, use_tqdm=False)
+        ref_bytes = parameter_bytes(single.llm_engine.executor.runner.model)
+        single.shutdown()
+        llm = LLM(model=path, tensor_parallel_size=2, **settings)
+        try:
+            held = sum(s.parameter_bytes for s in llm.llm_engine.executor.worker_stats())
+            assert 0.98 < held / ref_bytes < 1.05, f"{fmt} {path}: the ranks hold {held} bytes, one process {ref_bytes}"
+            for i, (ours, theirs) in enumerate(zip(greedy_with_gaps(llm, TINY_PROMPTS, 24), ref)):
+                first = next((j for j, (a, b) in enumerate(zip(ours.token_ids, theirs.token_ids)) if a != b), None)
+                assert first is None or top2_gaps(theirs)[first] < PACKED_NEAR_TIE, (fmt, path, i, first)
+            differences = [abs(a[t].logprob - lp.logprob)
+                           for ours, theirs in zip(llm.generate(TINY_PROMPTS, scored, use_tqdm=False), ref_scored)
+                           for a, b in zip(ours.prompt_logprobs[1:] + ours.outputs[0].logprobs,
+                                           theirs.prompt_logprobs[1:] + theirs.outputs[0].logprobs)
+                           for t, lp in b.items() if t in a]
+            assert sorted(differences)[int(0.95 * len(differences))] < PACKED_LOGPROB_TOL, (fmt, path)
+            assert max(differences) < 1.0, (fmt, path, max(differences))  # an MoE routing flip at most
+        finally:
+            llm.shutdown()
+
+
+def test_wint4_split_inside_its_groups_is_refused_before_any_worker_starts(tmp_path):
+    path = str(make_tiny_moe(tmp_path / "moe", "qwen3_moe"))  # intermediate 96: 48 inputs per rank
+    before = child_pids()
+    with pytest.raises(ValueError, match=r"rank 0 would hold 48 input features of model.layers.\*.mlp.down_proj "
+                                         r"\(intermediate_size=96 / 2\), not a multiple of 32"):
+        LLM(model=path, tensor_parallel_size=2, quantization="wint4", max_model_len=512)
+    assert child_pids() <= before, (child_pids(), before)
 
 
 def test_unsplittable_model_is_refused_before_any_worker_starts(tiny_llama):

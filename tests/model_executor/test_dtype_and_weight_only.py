@@ -162,9 +162,6 @@ def test_auto_rule_and_gguf_settings():
     assert resolve_weight_format("float32", "wint4", {}, None).name == "wint4"
     with fallbacks_forced():  # no compiled op: float32, whatever was asked
         assert resolve_weight_format("bfloat16", "wint8", bf16_config, None, cpu_bf16=True).quant_config is None
-    assert resolve_weight_format("auto", None, bf16_config, None, cpu_bf16=True, tensor_parallel_size=2).name == "float32"
-    with pytest.raises(ValueError, match="not supported with tensor_parallel_size=2"):
-        resolve_weight_format("bfloat16", None, bf16_config, None, tensor_parallel_size=2)
     gguf = GGUFConfig({})
     assert resolve_weight_format("auto", None, {}, gguf).quant_config is gguf
     with pytest.raises(ValueError, match="quantization='wint8' applies to float checkpoints"):

@@ -4,14 +4,18 @@ Rank r holds vocabulary rows [r * L, (r + 1) * L) of the embedding and of lm_hea
 the last rank's tail padded with zero rows:
 - `VocabParallelEmbedding`: each rank looks up the ids in its range (zeros for the others) and
   an all-reduce sums the ranks' rows, giving every rank the full embedding (Megatron-LM's
-  VocabParallelEmbedding).
+  VocabParallelEmbedding). Tied to a packed lm_head, it holds no weight and reads the rows of
+  this rank's lm_head copy (layers/embeddings.py TiedEmbedding), the values one process reads.
 - `gather_logits`: each rank's lm_head gives logits for its L columns; all ranks gather them in
   rank order and cut the padding, so every rank holds the [m, V] logits sampling reads.
 """
+from typing import Optional
+
 import paddle
 import paddle.nn.functional as F
 
 from fastdeploy.distributed.parallel_state import TensorParallelGroup
+from fastdeploy.model_executor.layers.embeddings import TiedEmbedding
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 
 
@@ -21,12 +25,16 @@ def local_vocab_size(vocab_size: int, group: TensorParallelGroup) -> int:
 
 
 class VocabParallelEmbedding(paddle.nn.Layer):
-    """weight [L, hidden] float32: this rank's rows of the [vocab_size, hidden] embedding."""
+    """weight [L, hidden] float32: this rank's rows of the [vocab_size, hidden] embedding; with `tied`
+    (the rank's packed lm_head, whose L rows are these), no weight: its rows are read."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, group: TensorParallelGroup):
+    def __init__(self, vocab_size: int, hidden_size: int, group: TensorParallelGroup,
+                 tied: Optional[TiedEmbedding] = None):
         super().__init__()
         self.local_vocab = local_vocab_size(vocab_size, group)
-        self.weight = empty_parameter([self.local_vocab, hidden_size])
+        self.tied = tied
+        if tied is None:
+            self.weight = empty_parameter([self.local_vocab, hidden_size])
         self.group = group
         self.start = group.rank * self.local_vocab
 
@@ -34,7 +42,8 @@ class VocabParallelEmbedding(paddle.nn.Layer):
         # input_ids [n] int64 (full vocabulary) -> [n, hidden]
         local = input_ids - self.start
         mine = paddle.logical_and(local >= 0, local < self.local_vocab)  # [n]
-        rows = F.embedding(paddle.where(mine, local, paddle.zeros_like(local)), self.weight)
+        ids = paddle.where(mine, local, paddle.zeros_like(local))
+        rows = F.embedding(ids, self.weight) if self.tied is None else self.tied(ids)
         rows = rows * mine.astype(rows.dtype).unsqueeze(1)
         return self.group.all_reduce(rows)
 

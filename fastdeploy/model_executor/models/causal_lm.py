@@ -80,9 +80,13 @@ class CausalLM(paddle.nn.Layer):
         self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
-        if config.tie_word_embeddings and self.tp_group.size == 1 and isinstance(self.lm_head.method, PackedLinearMethod) \
-                and self.lm_head.method.packed:  # one packed copy serves both
-            self.model.embed_tokens = TiedEmbedding(self.lm_head)
+        method = self.lm_head.method
+        self.embedding_reads_lm_head = (config.tie_word_embeddings and isinstance(method, PackedLinearMethod)
+                                        and method.packed)  # one packed copy serves both (each rank: its rows)
+        if self.embedding_reads_lm_head:
+            tied = TiedEmbedding(self.lm_head)
+            self.model.embed_tokens = tied if self.tp_group.size == 1 else VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, self.tp_group, tied)
 
     def make_mlp(self, config: ModelConfig, layer_index: int, quant_config: Optional[QuantConfig],
                  prefix: str) -> paddle.nn.Layer:
@@ -128,7 +132,7 @@ class CausalLM(paddle.nn.Layer):
                 continue
             param_name, shard = parameter_of(name)
             tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings
-            if not (tied and isinstance(self.model.embed_tokens, TiedEmbedding)):  # else only lm_head holds it
+            if not (tied and self.embedding_reads_lm_head):  # else only lm_head holds it
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
                 self._load(name, params[param_name], tensor, shard)

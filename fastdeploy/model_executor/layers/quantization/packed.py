@@ -25,6 +25,10 @@ this keeps it within a few percent.
 An MLP's gate_up (a Linear with activation "swiglu") is packed with its rows interleaved
 (`swiglu_rows`): each panel holds 32 gate features then the same 32 up features, so the op computes
 silu(gate) * up where it writes y, and y is the intermediate size wide.
+
+Under tensor parallelism each rank packs its own shard (distributed/sharding.py); a row-parallel
+weight's input columns arrive as a `ColumnShard`, and wint8 scales them by the whole rows' absmax
+it carries, so the rank holds exactly its columns of what one process would pack.
 """
 from typing import Callable, Optional, Sequence
 
@@ -64,9 +68,10 @@ def bf16_values(a: np.ndarray) -> np.ndarray:
     return (bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
 
 
-def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w [out, in] float32 -> (q [out, in] int8 in [-127, 127], s [out] float32), w ~ q * s[:, None]."""
-    amax = np.abs(w).max(axis=1)
+def quantize_int8(w: np.ndarray, amax: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
+    """w [out, in] float32 -> (q [out, in] int8 in [-127, 127], s [out] float32), w ~ q * s[:, None];
+    s = amax / 127, amax [out] being max |w[n]| unless given (>= it: the rows' absmax over more columns)."""
+    amax = np.abs(w).max(axis=1) if amax is None else amax
     s = np.where(amax > 0, amax / 127, 1).astype(np.float32)
     return np.clip(np.rint(w / s[:, None]), -127, 127).astype(np.int8), s
 
@@ -129,13 +134,14 @@ def swiglu_rows(w: np.ndarray) -> np.ndarray:
     return halves.reshape(2, blocks, SWIGLU_HALF, in_features).transpose(1, 0, 2, 3).reshape(-1, in_features)
 
 
-def pack(w: np.ndarray, kind: int) -> np.ndarray:
-    """w [out, in] float32 (HF orientation) -> the op's uint8 layout, packed_bytes(kind, out, in) long."""
+def pack(w: np.ndarray, kind: int, row_absmax: Optional[np.ndarray] = None) -> np.ndarray:
+    """w [out, in] float32 (HF orientation) -> the op's uint8 layout, packed_bytes(kind, out, in) long.
+    row_absmax [out]: wint8's absmax per output feature when w is some columns of the rows (ColumnShard)."""
     out, in_features = w.shape
     if kind == BF16:
         return _panel_pairs(bf16_bits(w)).view(np.uint8).reshape(-1)
     if kind == WINT8:
-        q, s = quantize_int8(w)
+        q, s = quantize_int8(w, row_absmax)
         scales = np.zeros(-(-out // PANEL) * PANEL, np.float32)
         scales[:out] = s
         return np.concatenate([_panel_pairs(q).view(np.uint8).reshape(-1), scales.view(np.uint8)])
@@ -149,9 +155,31 @@ def pack(w: np.ndarray, kind: int) -> np.ndarray:
     return np.concatenate([nibbles.reshape(-1), np.ascontiguousarray(scales).view(np.uint8).reshape(-1)])
 
 
+def input_multiple(kind: int) -> int:
+    """What a weight's in_features must be a multiple of for the op to take it as `kind`: 2 (input
+    features in pairs), 32 for wint4 (its groups)."""
+    return INT4_GROUP if kind == WINT4 else 2
+
+
 def kind_fits(kind: int, in_features: int) -> bool:
-    """Whether the op takes a weight of this kind with `in_features` inputs (wint4: a multiple of 32)."""
-    return in_features % 2 == 0 and (kind != WINT4 or in_features % INT4_GROUP == 0)
+    """Whether the op takes a weight of this kind with `in_features` inputs."""
+    return in_features % input_multiple(kind) == 0
+
+
+class ColumnShard(np.ndarray):
+    """Some input columns [out, in_part] float32 of a weight [out, in], as a row-parallel layer's
+    rank holds them under tensor parallelism (distributed/sharding.py), with `row_absmax` [out]: max
+    |W[n, :]| over the whole row. wint8 scales each output feature by it, so every rank's int8
+    columns and scales are exactly those of the whole matrix packed in one process."""
+
+    row_absmax: np.ndarray
+
+
+def column_shard(columns: np.ndarray, row_absmax: np.ndarray) -> ColumnShard:
+    """columns [out, in_part] carrying row_absmax [out] (see ColumnShard)."""
+    shard = columns.view(ColumnShard)
+    shard.row_absmax = np.ascontiguousarray(row_absmax, np.float32)
+    return shard
 
 
 LM_HEAD_SOURCES = ("lm_head.weight", "model.embed_tokens.weight")  # lm_head's checkpoint tensor (tied or not)
@@ -189,6 +217,7 @@ class PackedLinearMethod(LinearMethod):
         self._dense: Optional[UnquantizedLinearMethod] = None  # set when the shape does not fit
         self._staged: Optional[np.ndarray] = None  # [out, in] float32 while shards arrive
         self._staged_rows = 0
+        self._row_absmax: Optional[np.ndarray] = None  # a ColumnShard's (a row-parallel layer: one shard)
 
     def create_weights(self, layer: Linear) -> paddle.Tensor:
         if not kind_fits(self.kind, layer.in_features):
@@ -207,10 +236,12 @@ class PackedLinearMethod(LinearMethod):
             self._staged = np.empty((layer.out_features, layer.in_features), np.float32)
         self._staged[start:end] = loaded
         self._staged_rows += end - start
+        if isinstance(loaded, ColumnShard):
+            self._row_absmax = loaded.row_absmax
         if self._staged_rows == layer.out_features:  # every shard is in: pack once
             rows = swiglu_rows(self._staged) if layer.activation == "swiglu" else self._staged
-            np.from_dlpack(layer.weight)[...] = pack(rows, self.kind)
-            self._staged, self._staged_rows = None, 0
+            np.from_dlpack(layer.weight)[...] = pack(rows, self.kind, self._row_absmax)
+            self._staged, self._staged_rows, self._row_absmax = None, 0, None
 
     def apply(self, layer: Linear, x: paddle.Tensor) -> paddle.Tensor:
         # x: [n, in] -> [n, out]

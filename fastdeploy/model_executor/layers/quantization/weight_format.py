@@ -86,12 +86,11 @@ class WeightFormat:
 
 
 def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: dict,
-                          source_quant_config: Optional[QuantConfig], cpu_bf16: Optional[bool] = None,
-                          tensor_parallel_size: int = 1) -> WeightFormat:
+                          source_quant_config: Optional[QuantConfig], cpu_bf16: Optional[bool] = None) -> WeightFormat:
     """The format for this checkpoint and these settings (see the module docstring); cpu_bf16 overrides
     the CPU probe (tests). dtype and quantization were validated by EngineArgs; ValueError for settings
-    this checkpoint cannot take. The packed formats run on one rank only so far: with
-    tensor_parallel_size > 1 "auto" stays float32 and an explicit bf16/wint8/wint4 is a ValueError."""
+    this checkpoint cannot take. Tensor parallelism keeps the format: each rank packs its own shard
+    (distributed/sharding.py)."""
     if source_quant_config is not None:  # GGUF
         if quantization is not None:
             raise ValueError(f"quantization={quantization!r} applies to float checkpoints (HF or Paddle "
@@ -108,12 +107,6 @@ def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: di
         wanted = "float32"
     if wanted == "float32":
         return WeightFormat("float32", None)
-    if tensor_parallel_size > 1:
-        if dtype == "auto" and quantization is None:
-            return WeightFormat("float32", None)
-        raise ValueError(f"dtype={dtype!r} quantization={quantization!r}: bf16/wint8/wint4 weights are not "
-                         f"supported with tensor_parallel_size={tensor_parallel_size} yet; use dtype='float32' "
-                         "(or 'auto') and no quantization")
     if compiled_op("fd_packed_linear") is None:
         if dtype != "auto" or quantization is not None:
             logger.warning("dtype=%r quantization=%r need the compiled custom ops, which are unavailable: the "
