@@ -5,6 +5,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
 from fastdeploy.model_executor.layers.parameters import release_parameters
+from fastdeploy.platforms.cpu import return_freed_memory
 from fastdeploy.worker.model_runner import ModelRunner
 from fastdeploy.worker.output import ModelRunnerOutput
 
@@ -22,6 +23,7 @@ class InProcessExecutor(Executor):
         model = model_cls(model_config, fd_config.cache_config.block_size, fd_config.scheduler_config.max_model_len,
                           quant_config)
         model.load_weights(weights)
+        return_freed_memory()  # the load's transient tensors, kept in the heap by reuse_freed_memory
         self.runner = ModelRunner(fd_config, model)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -4,8 +4,8 @@ Two facts (measured on AMD EPYC Zen 4): Paddle's bundled MKL runs its slow gener
 unless `MKL_DEBUG_CPU_TYPE=5` is set *before* `import paddle` (fp32 GEMM ~75 -> ~200 GFLOP/s on
 Zen 4), and `import paddle` pins its thread pool to one thread when `OMP_NUM_THREADS` is unset.
 `prepare_environment()` runs from `fastdeploy/__init__.py` before anything imports paddle;
-`set_paddle_threads()` and `reuse_freed_memory()` run when an engine starts, and
-`collapse_into_huge_pages()` when a model runner gets its loaded model.
+`set_paddle_threads()` and `reuse_freed_memory()` run when an engine starts, `return_freed_memory()`
+once its model is loaded, and `collapse_into_huge_pages()` when a model runner gets its loaded model.
 """
 import bisect
 import ctypes
@@ -107,6 +107,19 @@ def reuse_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the kernel (glibc `malloc_trim(0)`; nothing elsewhere).
+
+    Called once a model is loaded (in process and on every tensor-parallel rank): loading passes whole
+    checkpoint tensors through the process (sliced into shards, packed into bf16/int8/int4 panels), and
+    `reuse_freed_memory` keeps up to 1 GiB of what is freed in the heap, so without this the process
+    would keep its load-time peak, as large as the float weights it read."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 _MADV_COLLAPSE = 25  # linux/mman.h (Linux >= 6.1)

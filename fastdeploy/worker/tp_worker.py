@@ -24,7 +24,6 @@ It exits when the engine closes its end (the engine died) and ignores Ctrl-C (th
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
@@ -37,8 +36,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
-from fastdeploy.platforms.cpu import reuse_freed_memory
 from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.platforms.cpu import return_freed_memory, reuse_freed_memory
 from fastdeploy.worker.model_runner import ModelRunner
 
 
@@ -68,18 +67,6 @@ def resident_bytes() -> int:
 def parameter_bytes(model) -> int:
     """Bytes of `model`'s parameters (a paddle.nn.Layer) in the dtypes they are held in."""
     return sum(int(np.prod(p.shape)) * p.element_size() for p in model.parameters())
-
-
-def return_freed_memory() -> None:
-    """Give the heap's free pages back to the kernel (glibc `malloc_trim(0)`; nothing elsewhere).
-
-    Loading passes whole checkpoint tensors through each rank (a rank slices them, and packs its
-    float shards), and `reuse_freed_memory` keeps up to 1 GiB of what is freed in the heap: without
-    this, a rank of a bf16 model would keep its load-time peak, as large as its weights."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def wait_for_listener(host: str, port: int, timeout_s: float = 600.0) -> None:

@@ -76,6 +76,29 @@ def test_the_engine_keeps_large_blocks_in_the_heap_unless_the_user_tuned_malloc(
     assert changed == "False" and mapped >= 100 * 2**20
 
 
+HEAP_AFTER_FREE = """
+import ctypes
+import numpy as np
+import fastdeploy
+from fastdeploy.platforms.cpu import return_freed_memory, reuse_freed_memory
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+reuse_freed_memory()
+block = np.ones(300 * 2**20, np.uint8)  # 300 MiB from the heap, every page touched
+del block
+kept = rss()
+return_freed_memory()
+print(kept - rss())
+"""
+
+
+def test_return_freed_memory_gives_the_kept_heap_back():
+    """After reuse_freed_memory a freed 300 MiB block stays resident (the trim threshold is 1 GiB), as a
+    model load's transient tensors would; return_freed_memory (run once a model is loaded) hands it back."""
+    assert int(_run(HEAP_AFTER_FREE, {})) >= 250 * 2**20
+
+
 MIB = 2**20
 
 
