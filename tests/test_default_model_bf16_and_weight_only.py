@@ -2,18 +2,22 @@
 
 The checkpoint: transformers loads SmolLM2-135M-Instruct's GGUF (dequantized to float32; the session's
 oracle model) and this module saves it as an HF directory with its tokenizer. Oracle: transformers
-float32 on the same weights. Our `dtype="bfloat16"` must give its 16 greedy tokens on >= 28 of 32 chat
-prompts; the perplexity of a fixed English text under `quantization="wint8"` / `"wint4"` must be within
-1% / 5% of its.
+float32 on the same weights. Our `dtype="bfloat16"` may leave float32's 16 greedy tokens only at bf16
+near-ties and must give them exactly on most of 32 chat prompts; the perplexity of a fixed English text
+under `quantization="wint8"` / `"wint4"` must be within 1% / 5% of float32's.
 
-bf16 greedy equal to transformers *bf16* on 28 of 32 was the first idea; measured here (2026-11-24):
-transformers bf16 agrees with transformers float32 on 20 of these 32 prompts, ours bf16 on 31, and
-ours bf16 with transformers bf16 on 19 (2026-11-26, with the KV cache in bf16 too: ours bf16 on 29,
-from the HF directory and from the GGUF file alike, as the float32 cache gave in the same run).
-transformers bf16 runs every op in bf16 (the residual stream, norms, attention, the KV cache); ours
-holds the weights and the KV cache in bf16 and rounds each matmul's input, everything else float32.
-A bar against transformers bf16 would reward reproducing its errors, so the oracle is float32 and the
-bar that count.
+transformers bf16 agrees with transformers float32 on only 20 of these 32 prompts: bf16 moves logprobs by
+a few hundredths, so wherever float32's two best candidates are that close, either may come out. Ours holds
+the weights and the KV cache in bf16 and rounds each matmul's input to bf16, everything else float32; the
+count of exact agreements therefore depends on the CPU and on the batch (the kernels' summation order
+differs by a float32 ulp between row blocks, and rounding an activation to bf16 turns that into a bf16 ulp
+now and then). Measured: 29-31 of 32 on an Intel Xeon with AMX; on an AMD EPYC Zen 4 (AVX512-BF16) 26 in
+one batch of 32 and 28 prompt by prompt, every divergence at a float32 logprob gap of 0.055 or less. So the
+test asks what holds on every CPU: ours diverges from float32 only at such bf16 near-ties (the float32 gap
+between its token and ours at the first difference below BF16_NEAR_TIE), and agrees exactly on most prompts.
+A kernel that computed another function diverges where float32 is sure. A bar against transformers bf16
+would reward reproducing its errors (it runs every op in bf16: the residual stream, norms, attention), so
+the oracle is float32.
 """
 import copy
 
@@ -27,6 +31,8 @@ from helpers import run
 from test_default_model_greedy import QUESTIONS
 
 NEW_TOKENS = 16
+BF16_NEAR_TIE = 0.1  # float32 logprob gap below which bf16 rounding may pick either token (seen: <= 0.055)
+MOST_AGREE = 24  # of 32 exactly equal (transformers bf16: 20)
 TEXT = ("The history of bread goes back at least thirty thousand years. Early people ground wild grains "
         "between stones, mixed the flour with water and baked the paste on hot rocks. When farmers in the "
         "Fertile Crescent began to grow wheat and barley, bread became a daily food. The Egyptians learned "
@@ -75,17 +81,33 @@ def float32_greedy(smollm_hf, chat_prompts):
                 for prompt in chat_prompts]
 
 
+def float32_gap(smollm_hf, prompt: list[int], reference: list[int], ours: list[int]) -> float:
+    """At the first position where ours leaves the float32 greedy continuation: float32's logprob of its
+    own token minus its logprob of ours (0 when they never differ)."""
+    i = next((i for i, (a, b) in enumerate(zip(reference, ours)) if a != b), None)
+    if i is None:
+        return 0.0
+    with torch.no_grad():
+        logits = smollm_hf(torch.tensor([prompt + reference[:i]])).logits[0, -1].double()
+    logprobs = torch.log_softmax(logits, -1)
+    return float(logprobs[reference[i]] - logprobs[ours[i]])
+
+
 @pytest.mark.parametrize("source", ["hf", "gguf"])
-def test_bf16_greedy_matches_transformers_float32(source, hf_dir, smollm_path, chat_prompts, float32_greedy):
+def test_bf16_greedy_matches_transformers_float32(source, hf_dir, smollm_path, smollm_hf, chat_prompts,
+                                                  float32_greedy):
     """From the HF float32 directory, and from the GGUF file itself (its Q4_1 blocks dequantized at load,
-    the same float values transformers dequantizes, then held in bf16)."""
+    the same float values transformers dequantizes, then held in bf16): all 32 prompts in one batch."""
     model = str(hf_dir) if source == "hf" else smollm_path
     llm = LLM(model=model, dtype="bfloat16", max_model_len=512, max_num_seqs=32)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     ours = [o.outputs.token_ids for o in run(llm, chat_prompts, params)]
     del llm
+    gaps = [float32_gap(smollm_hf, prompt, ref, got) for prompt, ref, got in zip(chat_prompts, float32_greedy, ours)]
+    sure = [(i, round(gap, 3)) for i, gap in enumerate(gaps) if gap >= BF16_NEAR_TIE]
+    assert not sure, f"(prompt, float32 gap) where ours left a float32 greedy token that was not a near-tie: {sure}"
     same = sum(a == b for a, b in zip(ours, float32_greedy))
-    assert same >= 28, f"{same} of 32 greedy continuations equal transformers float32"
+    assert same >= MOST_AGREE, f"{same} of 32 greedy continuations equal transformers float32"
 
 
 def perplexity_of(llm, ids: list[int]) -> float:
