@@ -36,10 +36,13 @@ Measured per engine:
   * greedy agreement: each engine's tokens against transformers float32 on the same weights (the
     reference: the hf run when it is float32, else a short extra run of it), per prompt over the first
     16 tokens or up to the first EOS in either stream; a prompt whose comparison would be empty (EOS
-    first) does not agree. Below --min-agreement (default 0.75) an engine's ratios are printed as
-    INVALID: it may not compute the same model. Without transformers the ratios are "unchecked".
-  * ratios: ours / each other engine, like with like first (the same weight class: float32, bf16,
-    8-bit, 4-bit), then the others labelled "cross-format".
+    first) does not agree. Below --min-agreement (default 0.75) for ours, our ratios are printed as
+    INVALID: we may not compute the same model; below it for the other engine, the ratio is flagged
+    (llama.cpp rounds activations to 8 bits by design, so its greedy tokens leave float32's at
+    near-ties). Without transformers the ratios are "unchecked".
+  * ratios: ours / each other engine: the --baseline checkout first ("before/after", same settings),
+    like with like next (the same weight class: float32, bf16, 8-bit, 4-bit), then the others labelled
+    "cross-format".
   * GB/s (single stream) = bytes of the weights as the engine holds them x decode tok/s: what one
     decode step streams from memory (ours: its parameters' real bytes; transformers fp32 and vLLM:
     4 or 2 bytes per matmul weight; llama.cpp: the GGUF file's size). Beside it, the roofline of
@@ -151,10 +154,11 @@ def ours_weight_format(model, path):
 
     def name(method):
         if isinstance(method, GGUFLinearMethod):
-            return f"gguf {gguf_type(path)}"
+            return "gguf"
         return kinds[method.kind] if isinstance(method, PackedLinearMethod) else "float32"
 
-    return Counter(name(m.method) for m in model.sublayers() if isinstance(m, Linear)).most_common(1)[0][0]
+    most = Counter(name(m.method) for m in model.sublayers() if isinstance(m, Linear)).most_common(1)[0][0]
+    return f"gguf {gguf_type(path)}" if most == "gguf" else most
 
 
 class Ours:
@@ -164,9 +168,6 @@ class Ours:
         settings = {} if dtype == "auto" and quantization is None else dict(dtype=dtype, quantization=quantization)
         self.llm = LLM(model=path, max_num_seqs=n, max_model_len=1024, enable_prefix_caching=False, **settings)
         self.eos = self.llm.get_tokenizer().eos_token_id
-        model = self.llm.llm_engine.executor.runner.model
-        self.weight_bytes = sum(p.numel().item() * p.element_size() for p in model.parameters())
-        self.weight_format = ours_weight_format(model, path)
         self.name = "ours (paddle)"
 
     def generate(self, prompts, n_new):
@@ -191,7 +192,6 @@ class HF:
         kw = {"gguf_file": p.name} if p.is_file() else {}
         self.model = AutoModelForCausalLM.from_pretrained(str(p.parent if p.is_file() else p),
                                                           dtype=getattr(torch, dtype), **kw).eval()
-        self.weight_format = "bf16" if dtype == "bfloat16" else dtype
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
         self.torch = torch
@@ -314,7 +314,7 @@ def report(names, results, args, prompts, reference):
                  f"{args.bandwidth_gbs * 1e9 / weights:.0f} tok/s)" if weights else ""))
     if "ours" in names:
         others = [n for n in names if n != "ours"]
-        same = [n for n in others if weight_class(results[n][0]["weight_format"]) ==
+        same = [n for n in others if n == "baseline" or weight_class(results[n][0]["weight_format"]) ==
                 weight_class(results["ours"][0]["weight_format"])]
         for n in same + [n for n in others if n not in same]:
             print(ratio_line(results["ours"][0], results[n][0], results, n, valid, n in same))
@@ -322,19 +322,25 @@ def report(names, results, args, prompts, reference):
         print("greedy agreement: unchecked (transformers could not run the reference on these weights)")
     else:
         print(f"agree: prompts whose greedy tokens equal transformers float32's on the same weights over the first "
-              f"{AGREEMENT_TOKENS}, or up to the first EOS; below {args.min_agreement:.0%} a ratio is INVALID")
+              f"{AGREEMENT_TOKENS}, or up to the first EOS; below {args.min_agreement:.0%} for ours a ratio is INVALID")
     print(f"matmul params: {args.matmul_params / 1e6:.1f} M; roofline batch <= {args.peak_gflops:.0f} GFLOP/s / "
           f"(2 x params) = {args.peak_gflops * 1e9 / (2 * args.matmul_params):.0f} tok/s; single stream <= "
           f"{args.bandwidth_gbs:.0f} GB/s / weight bytes (beside each engine)")
 
 
 def ratio_line(ours, other, results, name, valid, like):
-    """One ratio line, ours over `other`: like with like, or labelled cross-format; INVALID when either
-    engine's greedy agreement with the reference is below the bar, unchecked without a reference."""
+    """One ratio line, ours over `other`: before/after (the baseline checkout, same settings), like with like,
+    or labelled cross-format. INVALID when our greedy agreement with the reference is below the bar (our
+    speed may come from computing another function); flagged, not voided, when only the other engine's is
+    (llama.cpp, for one, rounds activations to 8 bits by design); unchecked without a reference."""
     b0, s0, b1, s1 = (best(results[e], k) for e in ("ours", name) for k in ("batch", "single"))
-    kind = "like with like" if like else "cross-format"
-    gate = {True: "", False: "INVALID (greedy agreement below the bar) ", None: "unchecked "}[
-        None if valid["ours"] is None or valid[name] is None else valid["ours"] and valid[name]]
+    kind = "before/after" if name == "baseline" else "like with like" if like else "cross-format"
+    if valid["ours"] is None or valid[name] is None:
+        gate = "unchecked "
+    elif not valid["ours"]:
+        gate = "INVALID (our greedy agreement is below the bar) "
+    else:
+        gate = "" if valid[name] else "(the other engine's greedy agreement is below the bar) "
     return (f"{gate}ratio {label(ours)} / {label(other)} ({kind}): batch {b0 / b1:.2f}x"
             + (f", single stream {s0 / s1:.2f}x" if s0 and s1 else ""))
 
@@ -377,18 +383,23 @@ def make_engine(name, args, prompts):
     if name == "ours":
         return Ours(args.model, len(prompts), args.dtype, args.quantization)
     if name == "hf":
-        engine = HF(args.model, args.threads, args.hf_dtype)
-        engine.weight_bytes = (2 if args.hf_dtype == "bfloat16" else 4) * args.matmul_params
-    elif name == "llamacpp":
+        return HF(args.model, args.threads, args.hf_dtype)
+    if name == "llamacpp":
         seq_len = -(-(max(map(len, prompts)) + args.output_len) // 256) * 256  # KV tokens per sequence
-        engine = engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
-        engine.weight_bytes = os.path.getsize(args.model)
-        engine.weight_format = f"gguf {gguf_type(args.model)}"
-    else:
-        engine = engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
-        engine.weight_bytes = (2 if args.vllm_dtype == "bfloat16" else 4) * args.matmul_params
-        engine.weight_format = "bf16" if args.vllm_dtype == "bfloat16" else "float32"
-    return engine
+        return engines_optional.LlamaCpp(args.model, len(prompts), seq_len, args.threads)
+    return engines_optional.VLLM(args.model, len(prompts), args.vllm_dtype)
+
+
+def describe(engine, name, args):
+    """(weight bytes as held, weight format) of a built engine; outside the start-up time."""
+    if name == "ours":
+        model = engine.llm.llm_engine.executor.runner.model
+        return (sum(p.numel().item() * p.element_size() for p in model.parameters()),
+                ours_weight_format(model, args.model))
+    if name == "llamacpp":
+        return os.path.getsize(args.model), f"gguf {gguf_type(args.model)}"
+    dtype = args.hf_dtype if name == "hf" else args.vllm_dtype
+    return (2 if dtype == "bfloat16" else 4) * args.matmul_params, "bf16" if dtype == "bfloat16" else "float32"
 
 
 def child(args):
@@ -397,6 +408,7 @@ def child(args):
     start = time.perf_counter()
     engine = make_engine(args.child, args, prompts)
     startup = time.perf_counter() - start
+    engine.weight_bytes, engine.weight_format = describe(engine, args.child, args)
     timed(engine, prompts, 2)  # warm-up: a short batched call
     res = run_once(engine, prompts, args.output_len, not args.skip_single and args.output_len > 1, args.matmul_params)
     res.update(name=engine.name, eos=engine.eos, startup=startup, weight_bytes=engine.weight_bytes,
