@@ -432,7 +432,7 @@ def run_child(engine, args, prompts_file, output_len=None):
            "--vllm-dtype", args.vllm_dtype] + (["--skip-single"] if args.skip_single or engine == "reference" else [])
     if engine in ("hf", "reference"):
         cmd += ["--hf-dtype", "float32" if engine == "reference" else args.hf_dtype]
-    if engine == "ours":
+    if child_engine == "ours":  # the baseline checkout's engine too
         cmd += ["--dtype", args.dtype] + (["--quantization", args.quantization] if args.quantization else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
