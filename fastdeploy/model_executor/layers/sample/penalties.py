@@ -1,5 +1,6 @@
 """Penalties and token masks on a batch of logits, in place: FastDeploy's
-`get_token_penalty_multi_scores` (custom_ops/gpu_ops/token_penalty_multi_scores.cu) on CPU.
+`get_token_penalty_multi_scores` (its custom_ops/gpu_ops/token_penalty_multi_scores.cu; ours for CUDA is
+custom_ops/gpu_ops/penalty_op.cu) on CPU.
 
 For row r and every token t seen in r's prompt or output (sparse: only those tokens are touched):
     l = l / repetition[r] if l > 0 else l * repetition[r]        (prompt and output tokens)
