@@ -179,7 +179,6 @@ class LLM:
 
     def _normalize_one(self, prompt, index: int) -> PromptItem:
         if isinstance(prompt, str):
-            check_text(prompt, f"prompt {index}")
             return prompt, None, None
         if isinstance(prompt, (list, tuple)):
             if not all(_is_token_id(t) for t in prompt):
@@ -201,7 +200,6 @@ class LLM:
                 text = prompt.get("prompt")
                 return text if isinstance(text, str) else None, self._normalize_one(ids, index)[1], mm_data
             if isinstance(prompt.get("prompt"), str):
-                check_text(prompt["prompt"], f"prompt {index}")
                 return prompt["prompt"], None, mm_data
             raise ValueError(f"prompt {index}: a prompt dict needs a 'prompt' str or 'prompt_token_ids', got {prompt!r}")
         raise TypeError(f"prompt {index} has type {type(prompt).__name__}; expected str, list of ints or dict")

@@ -34,7 +34,7 @@ import numpy as np
 
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input import image_processor as improc
-from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt
+from fastdeploy.input.input_processor import InputProcessor, PreparedPrompt, check_text
 from fastdeploy.input.video_processor import sample_video
 from fastdeploy.input.vl_settings import VLSettings
 from fastdeploy.model_executor.models.ernie4_5_vl.config import token_ids, vision_config
@@ -138,6 +138,8 @@ class VLInputProcessor(InputProcessor):
         prompt text is tokenized here, segment by segment around the text markers."""
         mm_data = mm_data or MultiModalData()
         self.check_limits(mm_data.counts(), index)
+        if prompt_token_ids is None:  # tokenized here, before the base class would check it
+            check_text(prompt, "prompt" if index is None else f"prompt {index}")
         ids, marks = self._marked_ids(prompt, prompt_token_ids)
         items = self._match_items(marks, mm_data, index)
         ids, token_types, features = self._place(ids, marks, items, index)

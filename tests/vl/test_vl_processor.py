@@ -109,6 +109,13 @@ def test_text_prompt_positions_are_arange_on_three_axes(processor):
     assert not out.mm_features and not out.token_type_ids.any()
 
 
+def test_a_lone_surrogate_is_named_before_the_text_is_tokenized(processor):
+    """The VL processor tokenizes text itself (around the image/video markers): a lone surrogate is the
+    ValueError naming the prompt, not the tokenizer's bare TypeError."""
+    with pytest.raises(ValueError, match=r"prompt 3 holds the lone surrogate U\+D800 at character 6"):
+        processor.process(f"hello \ud800 {IMAGE_MARKER}", None, SamplingParams(max_tokens=2), 3)
+
+
 def test_hashes_follow_pixels(processor):
     a, b = random_image(56, 56, 1), random_image(56, 56, 2)
     hashes = [processor.process(prompt(picture(1)), None, SamplingParams(max_tokens=2), 0,
