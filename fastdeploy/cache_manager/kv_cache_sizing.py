@@ -19,6 +19,7 @@ import os
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig
 from fastdeploy.model_executor.layers.kv_cache import KV_CACHE_BYTES
+from fastdeploy.platforms.cpu import proc_bytes
 
 logger = logging.getLogger("fastdeploy")
 
@@ -69,11 +70,5 @@ def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, ma
 
 def available_memory_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

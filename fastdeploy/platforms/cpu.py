@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import sys
+from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,19 @@ def reuse_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+
+
+def proc_bytes(path: str, key: str) -> Optional[int]:
+    """Bytes in the `key:  N kB` line of a /proc file (/proc/meminfo, /proc/self/status); None where the
+    file is unreadable (not Linux) or has no such line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def return_freed_memory() -> None:

@@ -37,7 +37,7 @@ import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.platforms.cpu import return_freed_memory, reuse_freed_memory
+from fastdeploy.platforms.cpu import proc_bytes, return_freed_memory, reuse_freed_memory
 from fastdeploy.worker.model_runner import ModelRunner
 
 
@@ -54,14 +54,7 @@ class WorkerStats:
 
 def resident_bytes() -> int:
     """This process's resident memory (VmRSS from /proc/self/status), 0 where unreadable."""
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
 def parameter_bytes(model) -> int:
