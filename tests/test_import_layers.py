@@ -26,6 +26,7 @@ LAYERS = [
     ("data types", ["fastdeploy.engine.request", "fastdeploy.engine.sampling_params"]),
     ("input", ["fastdeploy.input"]),
     ("scheduler", ["fastdeploy.engine.sched"]),
+    ("KV cache manager", ["fastdeploy.cache_manager.kv_cache_manager", "fastdeploy.cache_manager.kv_cache_sizing"]),
     ("KV blocks", ["fastdeploy.cache_manager"]),
     ("multimodal data", ["fastdeploy.multimodal"]),
     ("executor", ["fastdeploy.executor"]),
@@ -57,20 +58,25 @@ ALLOWED_UP = {
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 
 
+def under(module: str, prefix: str) -> bool:
+    """Whether dotted `module` is `prefix` or inside it."""
+    return module == prefix or module.startswith(prefix + ".")
+
+
 def layer_of(module: str) -> str | None:
     """The layer whose longest prefix covers `module` (a dotted name), or None. The bare package
     name covers only the package's own `__init__.py`."""
     best, best_len = None, -1
     for name, prefixes in LAYERS:
         for prefix in prefixes:
-            covers = module == prefix or (prefix != "fastdeploy" and module.startswith(prefix + "."))
+            covers = module == prefix if prefix == "fastdeploy" else under(module, prefix)
             if covers and len(prefix) > best_len:
                 best, best_len = name, len(prefix)
     return best
 
 
 def allowed_up(importer: str, target: str) -> bool:
-    return any(target == t and (importer == p or importer.startswith(p + ".")) for p, t in ALLOWED_UP)
+    return any(target == t and under(importer, p) for p, t in ALLOWED_UP)
 
 
 def module_name(path: Path) -> str:
