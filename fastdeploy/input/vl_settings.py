@@ -53,14 +53,11 @@ def _channels(positive: bool) -> Callable:
     return check
 
 
+POSITIVE_INT = (lambda v: _is_int(v) and v > 0, "a positive int")
 # setting -> (check, what is allowed)
 CHECKS = {
-    "image_min_pixels": (lambda v: _is_int(v) and v > 0, "a positive int"),
-    "image_max_pixels": (lambda v: _is_int(v) and v > 0, "a positive int"),
-    "video_min_pixels": (lambda v: _is_int(v) and v > 0, "a positive int"),
-    "video_max_pixels": (lambda v: _is_int(v) and v > 0, "a positive int"),
-    "patch_size": (lambda v: _is_int(v) and v > 0, "a positive int"),
-    "merge_size": (lambda v: _is_int(v) and v > 0, "a positive int"),
+    **{name: POSITIVE_INT for name in ("image_min_pixels", "image_max_pixels", "video_min_pixels",
+                                       "video_max_pixels", "patch_size", "merge_size")},
     "temporal_conv_size": (lambda v: _is_int(v) and v == 2, "2 (the resampler pairs frames)"),
     "resample": (lambda v: _is_int(v) and v in improc.RESAMPLE_FILTERS,
                  f"a PIL resampling filter number in {list(improc.RESAMPLE_FILTERS)} (3: BICUBIC)"),
