@@ -57,10 +57,11 @@ class KVCache:
 def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim: int,
                       dtype: str = "float32") -> KVCache:
     """Zeroed cache of `dtype` ("float32" or "bfloat16", see KV_CACHE_DTYPES); np.zeros maps zero pages
-    lazily, so memory is committed as blocks are used. ValueError for another dtype."""
+    lazily (np.zeros_like would write every page), so memory is committed as blocks are used.
+    ValueError for another dtype."""
     if dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"KV cache dtype must be one of {list(KV_CACHE_DTYPES)}, got {dtype!r}")
-    key = np.zeros((num_blocks * kv_heads, block_size, head_dim), KV_CACHE_DTYPES[dtype])
-    value = np.zeros_like(key)
+    rows = (num_blocks * kv_heads, block_size, head_dim)
+    key, value = np.zeros(rows, KV_CACHE_DTYPES[dtype]), np.zeros(rows, KV_CACHE_DTYPES[dtype])
     shape = (num_blocks, kv_heads, block_size, head_dim)
     return KVCache(key, value, as_paddle(key.reshape(shape)), as_paddle(value.reshape(shape)))
