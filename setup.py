@@ -29,6 +29,8 @@ setup(
         # tokenizer layer and chat templates only; torch is never imported at run time. 5.x: the tokenizer
         # loader uses 5-only APIs (TokenizersBackend, tokenization_utils_base.generate_merges)
         "transformers>=5,<6",
+        # structured outputs (fastdeploy/structured_output/): Rust, no dependencies, ~3 MB
+        "llguidance>=1.0,<2",
     ],
     entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={
@@ -37,7 +39,8 @@ setup(
         # tokenizer.model files)
         # imageio-ffmpeg: its bundled ffmpeg writes the test videos; the [vl] packages for the VL tests
         "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy", "hypothesis",
-                 "imageio-ffmpeg==0.8.1", "pillow", "decord==0.6.0", "fontpkg-roboto==3.15"],
+                 "imageio-ffmpeg==0.8.1", "pillow", "decord==0.6.0", "fontpkg-roboto==3.15",
+                 "jsonschema"],
         # sentencepiece-only tokenizers (ERNIE-4.5's tokenizer.model; fastdeploy/input/tokenizer_loader.py):
         # the model proto is read with protobuf (Paddle brings it too), or with sentencepiece's own schema
         "ernie": ["sentencepiece", "protobuf"],
@@ -46,6 +49,7 @@ setup(
         # ERNIE-4.5-VL images and videos (fastdeploy/input/image_processor.py, video_processor.py): pillow
         # resizes; decord decodes videos (pinned: unmaintained since 2021, kept behind
         # video_processor.open_video); Roboto draws the frames' timestamps as FastDeploy does
-        "vl": ["pillow", "decord==0.6.0", "fontpkg-roboto==3.15"],
+        "vl": ["pillow", "decord==0.6.0", "fontpkg-roboto==3.15",
+                 "jsonschema"],
     },
 )

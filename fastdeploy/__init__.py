@@ -12,8 +12,9 @@ prepare_environment()  # must run before the first `import paddle`
 require_supported_paddle()
 
 from fastdeploy.engine.request import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
-from fastdeploy.engine.sampling_params import SamplingParams  # noqa: E402
+from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams, StructuredOutputsParams  # noqa: E402
 from fastdeploy.entrypoints.llm import LLM  # noqa: E402
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams", "RequestOutput",
+           "CompletionOutput", "RequestMetrics"]
 __version__ = "0.1.0"

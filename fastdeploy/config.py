@@ -166,3 +166,5 @@ class FDConfig:
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the others to join (MASTER_ADDR)
     master_port: Optional[int] = None  # its port (MASTER_PORT); None: a free one, chosen at start
     nnodes: int = 1  # machines the ranks are spread over (this one is node 0; docs/tensor_parallel.md)
+    guided_decoding_backend: str = "auto"  # structured outputs: "auto", "guidance", "xgrammar" or "off"
+    guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request

@@ -22,6 +22,7 @@ LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("wint8", "wint4")
 TASKS = ("auto", "generate")  # vLLM's `task` values this engine serves (it has no pooling models)
+GUIDED_DECODING_BACKENDS = ("auto", "guidance", "xgrammar", "off")
 SERVER_PORTS = ("port", "metrics_port", "engine_worker_queue_port")  # FastDeploy's server settings
 
 
@@ -120,6 +121,15 @@ class EngineArgs:
         pipeline_parallel_size: vLLM's pipeline stages. Only 1: pipeline parallelism is not
             implemented yet (ValueError otherwise); split a model over processes with
             tensor_parallel_size.
+        guided_decoding_backend: the structured-output backend (structured_output/): "auto" (default;
+            llguidance, a base requirement), "guidance" (llguidance), "xgrammar" (the optional
+            `fastdeploy[xgrammar]` extra, which brings torch), or "off" (a request with a
+            `guided_decoding` constraint is then a ValueError). FastDeploy's default is "off" and
+            its offline path fails on any guided request; vLLM's is "auto".
+        guided_decoding_disable_any_whitespace: no whitespace at all between JSON tokens (compact
+            JSON) for every request. By default whitespace there is bounded: one space, or one
+            newline and up to 20 spaces of indentation (a small model under JSON's unbounded
+            whitespace can emit newlines until max_tokens).
         task: vLLM's model task: "auto" or "generate" (text generation, the only task here); a pooling
             task ("embed", "classify", "score", "reward") is a ValueError.
     """
@@ -158,6 +168,8 @@ class EngineArgs:
     trust_remote_code: bool = False
     pipeline_parallel_size: int = 1
     task: str = "auto"
+    guided_decoding_backend: str = "auto"
+    guided_decoding_disable_any_whitespace: bool = False
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -235,6 +247,12 @@ class EngineArgs:
         if value != 1:
             raise ValueError(f"pipeline_parallel_size={value}: pipeline parallelism is not implemented yet (only 1); "
                              "split the model over processes with tensor_parallel_size instead")
+        if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
+            raise ValueError(f"guided_decoding_backend must be one of {list(GUIDED_DECODING_BACKENDS)}, "
+                             f"got {self.guided_decoding_backend!r}")
+        if not isinstance(self.guided_decoding_disable_any_whitespace, bool):
+            raise TypeError("guided_decoding_disable_any_whitespace must be True or False, got "
+                            f"{self.guided_decoding_disable_any_whitespace!r}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}: this engine generates text "
                              "and has no pooling (embedding, classification, scoring) models")
@@ -310,6 +328,8 @@ class EngineArgs:
             master_addr=self.master_addr,
             master_port=self.master_port,
             nnodes=self.nnodes,
+            guided_decoding_backend=self.guided_decoding_backend,
+            guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 MAX_SEED = 922337203685477580  # FastDeploy's bound
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits / 1e-6 reach millions and
@@ -45,6 +45,108 @@ def _check_token_ids(name: str, ids) -> None:
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
     ):
         raise TypeError(f"{name} must be a list of token ids (ints >= 0), got {ids!r}")
+
+GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+@dataclass
+class GuidedDecodingParams:
+    """A constraint on a request's output (structured outputs): FastDeploy's
+    `fastdeploy.engine.sampling_params.GuidedDecodingParams`, also importable under vLLM's name
+    `StructuredOutputsParams`. Pass it as `SamplingParams(guided_decoding=...)` or
+    `SamplingParams(structured_outputs=...)`.
+
+    At most one kind may be set (FastDeploy's ValueError otherwise); none set means no constraint.
+    The engine checks the constraint against the model's tokenizer when the request is added: a
+    schema, regex or grammar the backend cannot compile is a ValueError naming the prompt and the
+    fault, raised before any prompt of the call is queued (structured_output/).
+
+    Attributes:
+        json: a JSON schema (dict or its JSON text); the output is one JSON value valid under it.
+        json_object: True: the output is one JSON object, any keys (OpenAI's `json_object`).
+        regex: the output matches this regular expression in full (Rust `regex` syntax, as
+            llguidance reads it; anchors are implied).
+        choice: the output is exactly one of these strings.
+        grammar: a context-free grammar in the EBNF/GBNF syntax FastDeploy documents (llama.cpp's
+            GBNF: `root ::= "yes" | "no"`), or a Lark grammar (llguidance's syntax).
+        structural_tag: a JSON string `{"structures": [{"begin", "schema", "end"}], "triggers":
+            [...]}` (xgrammar's structural tag): free text, where each trigger starts a `begin`,
+            a JSON value under `schema`, then `end`.
+        disable_any_whitespace: vLLM's option: no whitespace between JSON tokens (the engine-wide
+            `LLM(guided_decoding_disable_any_whitespace=True)` sets it for every request).
+        disable_additional_properties: vLLM's option: objects of the schema take only the
+            properties it lists (as if `additionalProperties: false` where the schema says nothing).
+        whitespace_pattern: vLLM's option: a regex for the whitespace allowed between JSON tokens,
+            in place of the engine's bounded default (see structured_output/grammar.py).
+    """
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    structural_tag: Optional[str] = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        set_kinds = [name for name in GUIDED_KINDS if self._is_set(name)]
+        if len(set_kinds) > 1:
+            raise ValueError("You can only use one kind of guided decoding ('json', 'json_object', 'regex', "
+                             f"'choice', 'grammar', 'structural_tag'); got {set_kinds}")
+        if self.json is not None:
+            _check_type("guided_decoding.json", self.json, (str, dict), "a JSON schema (dict or JSON text)")
+            if isinstance(self.json, str) and not self.json.strip():
+                raise ValueError("guided_decoding.json must not be an empty string")
+        for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_type(f"guided_decoding.{name}", value, (str,), "a str")
+                if not value.strip() and name != "whitespace_pattern":
+                    raise ValueError(f"guided_decoding.{name} must not be an empty string")
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not all(isinstance(c, str) for c in self.choice):
+                raise TypeError(f"guided_decoding.choice must be a list of str, got {self.choice!r}")
+            if not self.choice:
+                raise ValueError("guided_decoding.choice must not be an empty list")
+            self.choice = list(self.choice)
+        if self.json_object is not None:
+            _check_type("guided_decoding.json_object", self.json_object, (bool,), "True, False or None")
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            _check_type(f"guided_decoding.{name}", getattr(self, name), (bool,), "True or False")
+
+    def _is_set(self, name: str) -> bool:
+        value = getattr(self, name)
+        return value is not None and value is not False
+
+    @property
+    def kind(self) -> Optional[str]:
+        """The constraint's kind (one of GUIDED_KINDS), or None when no kind is set."""
+        return next((name for name in GUIDED_KINDS if self._is_set(name)), None)
+
+    def to_dict(self) -> dict:
+        """FastDeploy's request keys of the set kind (`guided_json`, `guided_regex`, `guided_choice`,
+        `guided_grammar`, `structural_tag`, `guided_json_object`)."""
+        keys = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
+                "grammar": "guided_grammar", "structural_tag": "structural_tag", "json_object": "guided_json_object"}
+        return {keys[name]: getattr(self, name) for name in GUIDED_KINDS if self._is_set(name)}
+
+
+StructuredOutputsParams = GuidedDecodingParams  # vLLM's name for the same thing
+
+
+def _guided(name: str, value) -> Optional[GuidedDecodingParams]:
+    """A GuidedDecodingParams from the value of field `name` (an instance, a dict of its fields, or None)."""
+    if value is None or isinstance(value, GuidedDecodingParams):
+        return value
+    if isinstance(value, dict):
+        try:
+            return GuidedDecodingParams(**value)
+        except TypeError as error:
+            raise TypeError(f"{name}: {error}") from None
+    raise TypeError(f"{name} must be a GuidedDecodingParams (StructuredOutputsParams), a dict of its fields "
+                    f"or None, got {type(value).__name__}")
 
 
 @dataclass
@@ -104,6 +206,12 @@ class SamplingParams:
         prompt_logprobs: None, or k >= 0 (-1 = vocabulary): the same for every prompt token
             (the first entry is None: nothing precedes it).
         skip_special_tokens: drop special tokens (e.g. `<|im_end|>`) from `text`.
+        guided_decoding: a GuidedDecodingParams (or a dict of its fields): the output follows a JSON
+            schema, regex, choice or grammar (structured outputs; FastDeploy's field). EOS is allowed
+            only where the constraint is complete; `max_tokens` still ends a request early
+            (finish_reason "length", the output then a prefix of a valid one).
+        structured_outputs: vLLM's name for the same field; give one or the other (both, unless the
+            same object, is a ValueError). After construction both hold the same value.
     """
 
     n: int = 1
@@ -126,6 +234,8 @@ class SamplingParams:
     logprobs: Optional[int] = None
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
+    guided_decoding: Optional[GuidedDecodingParams] = None
+    structured_outputs: Optional[GuidedDecodingParams] = None
     stop_strings: list[str] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -134,6 +244,7 @@ class SamplingParams:
         self._verify_lengths()
         self._verify_stops()
         self._verify_logprobs()
+        self._verify_guided_decoding()
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
 
@@ -215,6 +326,14 @@ class SamplingParams:
                 _check_type(name, value, (int,), "None or an int >= 0 (-1 = the whole vocabulary)")
                 if value < -1:
                     raise ValueError(f"{name} must be >= 0, or -1 for the whole vocabulary, got {value}")
+
+    def _verify_guided_decoding(self) -> None:
+        guided = _guided("guided_decoding", self.guided_decoding)
+        structured = _guided("structured_outputs", self.structured_outputs)
+        if guided is not None and structured is not None and guided != structured:
+            raise ValueError("guided_decoding and structured_outputs are two names of one field; set one, got "
+                             f"guided_decoding={guided!r} and structured_outputs={structured!r}")
+        self.guided_decoding = self.structured_outputs = guided if guided is not None else structured
 
     def clone(self, **changes) -> "SamplingParams":
         """A validated copy with `changes` applied; the original is left untouched."""
