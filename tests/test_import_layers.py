@@ -25,6 +25,7 @@ LAYERS = [
     ("settings", ["fastdeploy.engine.args_utils", "fastdeploy.config"]),
     ("data types", ["fastdeploy.engine.request", "fastdeploy.engine.sampling_params"]),
     ("input", ["fastdeploy.input"]),
+    ("structured outputs", ["fastdeploy.structured_output"]),
     ("scheduler", ["fastdeploy.engine.sched"]),
     ("KV cache manager", ["fastdeploy.cache_manager.kv_cache_manager", "fastdeploy.cache_manager.kv_cache_sizing"]),
     ("KV blocks", ["fastdeploy.cache_manager"]),

@@ -5,6 +5,8 @@
                                 the KV cache manager (cache_manager/) for blocks and prefix hits
     executor (executor/)        SchedulerOutput -> ModelRunnerOutput (sampled tokens, logprobs)
     output processor (output/)  tokens -> text, stops, logprob dicts, RequestOutputs
+    structured outputs          constraints compiled when a request is added; each step's token
+      (structured_output/)      masks filled while the forward runs; sampled tokens advance them
 
 One `step()` = schedule -> execute -> the scheduler applies the result (`update_from_output`) ->
 the output processor detokenizes and checks stops -> finished completions leave the scheduler
@@ -33,6 +35,7 @@ from fastdeploy.input.processors import make_input_processor
 from fastdeploy.output.output_processor import OutputProcessor
 from fastdeploy.platforms.cpu import reuse_freed_memory, set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
+from fastdeploy.structured_output import StructuredOutputManager
 
 logger = logging.getLogger("fastdeploy")
 
@@ -50,6 +53,9 @@ class LLMEngine:
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         self.output_processor = OutputProcessor(tokenizer, parser)
+        self.structured_output = StructuredOutputManager(
+            fd_config.guided_decoding_backend, tokenizer, fd_config.model_config.vocab_size, self.eos_token_ids,
+            fd_config.guided_decoding_disable_any_whitespace, reasoning=parser is not None)
         self._next_id = 0
 
     @classmethod
@@ -87,8 +93,11 @@ class LLMEngine:
     def make_request(self, prompt: Optional[str], prompt_token_ids: list[int], params: SamplingParams,
                      index: Optional[int] = None, mm_data=None) -> PreparedPrompt:
         """Validate one prompt (not yet queued), with its images/videos (input/vl_processor.py
-        MultiModalData) if any. Raises ValueError/TypeError naming prompt `index`."""
-        return self.input_processor.process(prompt, prompt_token_ids, params, index, mm_data)
+        MultiModalData) if any. Raises ValueError/TypeError naming prompt `index`; a guided_decoding
+        constraint is compiled here (a fault in it is a ValueError)."""
+        prepared = self.input_processor.process(prompt, prompt_token_ids, params, index, mm_data)
+        self.structured_output.validate(prepared.sampling_params, index)
+        return prepared
 
     def enqueue(self, prepared: PreparedPrompt) -> str:
         """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id."""
@@ -98,6 +107,7 @@ class LLMEngine:
         request_ids = [group_id] if params.n == 1 else [f"{group_id}-{i}" for i in range(params.n)]
         self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids)
         for i, request_id in enumerate(request_ids):
+            self.structured_output.add_request(request_id, params, prepared.prompt_token_ids)
             self.scheduler.add_request(Request(
                 request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=params,
                 positions=prepared.positions, eos_token_ids=self.eos_token_ids, index=i,
@@ -114,7 +124,7 @@ class LLMEngine:
         """Stop a prompt's unfinished completions now; their blocks return to the pool.
         Returns its output (finish_reason "abort" on the aborted completions), or None if unknown."""
         aborted, output = self.output_processor.abort(request_id)
-        self.scheduler.finish_requests(aborted)
+        self._finish(aborted)
         return output
 
     def reset_prefix_cache(self) -> bool:
@@ -130,6 +140,9 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
+        if self.structured_output.requests:  # their masks fill while the forward runs
+            sampling = self.scheduler.sampling_req_ids(scheduler_output)
+            scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(sampling)
         now = time.time()
         for new in scheduler_output.scheduled_new_reqs:
             request = self.scheduler.requests[new.req_id]
@@ -140,13 +153,21 @@ class LLMEngine:
             self.scheduler.rollback()  # nothing this step promised was computed
             raise
         self.scheduler.update_from_output(scheduler_output, runner_output)
-        finished_ids, outputs = self.output_processor.process(runner_output)
-        self.scheduler.finish_requests(finished_ids)
+        rejected = self.structured_output.accept_tokens(runner_output.sampled_token_ids) if self.structured_output.requests else {}
+        finished_ids, outputs = self.output_processor.process(runner_output, rejected)
+        self._finish(finished_ids)
         return outputs
+
+    def _finish(self, req_ids: list[str]) -> None:
+        """Finished or aborted completions leave the scheduler (their blocks are freed) and the
+        structured-output manager."""
+        self.scheduler.finish_requests(req_ids)
+        self.structured_output.remove(req_ids)
 
     def shutdown(self) -> None:
         """Abort what is still queued (its blocks return to the pool) and release the executor (the
         model and its KV cache); idempotent."""
         for group_id in list(self.output_processor.groups):
             self.abort_request(group_id)
+        self.structured_output.shutdown()
         self.executor.shutdown()

@@ -66,8 +66,11 @@ class OutputProcessor:
             self.groups[state.group_id].num_cached_tokens = num_cached_tokens
 
     # ---- one step ---------------------------------------------------------------------------------
-    def process(self, runner_output: ModelRunnerOutput) -> tuple[list[str], list[RequestOutput]]:
-        """Apply a step's tokens: (ids of completions that finished, outputs of prompts now complete)."""
+    def process(self, runner_output: ModelRunnerOutput,
+                failed: Optional[dict] = None) -> tuple[list[str], list[RequestOutput]]:
+        """Apply a step's tokens: (ids of completions that finished, outputs of prompts now complete).
+        `failed` {req_id: error}: completions that cannot go on (their grammar rejected the token);
+        each ends with finish_reason "abort" and its error, after its token is appended."""
         for req_id, scores in runner_output.prompt_logprobs.items():
             self._store_prompt_logprobs(req_id, scores)
         finished_ids, outputs = [], []
@@ -76,7 +79,10 @@ class OutputProcessor:
             if state is None:  # no completion waits for it (aborted): the scheduler must drop it too
                 finished_ids.append(req_id)
                 continue
-            if self._append(state, token_id, runner_output.logprobs.get(req_id)):
+            done = self._append(state, token_id, runner_output.logprobs.get(req_id))
+            if failed and req_id in failed and not done:
+                state.finish_reason, state.error, done = "abort", failed[req_id], True
+            if done:
                 finished_ids.append(req_id)
                 output = self._finish(state)
                 if output is not None:

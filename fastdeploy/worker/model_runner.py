@@ -12,11 +12,13 @@ input_ids as well (a multimodal MoE routes on them).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
-from fastdeploy.engine.sched.output import SchedulerOutput
+from fastdeploy.engine.sched.output import GrammarBitmask, SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
@@ -84,7 +86,7 @@ class ModelRunner:
             if state.encoder_outputs:
                 release_encoder_outputs(state)
         if samplers:
-            tokens, all_logprobs = self._sample(logits[: len(samplers)], samplers)
+            tokens, all_logprobs = self._sample(logits[: len(samplers)], samplers, out.grammar_bitmask)
             for state, token, logprobs in zip(samplers, tokens, all_logprobs):
                 state.output_token_ids.append(token)
                 result.sampled_token_ids[state.req_id] = token
@@ -92,9 +94,15 @@ class ModelRunner:
                     result.logprobs[state.req_id] = logprobs
         return result
 
-    def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState]) -> tuple[list[int], list]:
-        """(token id, logprobs or None) of each sampling row of logits [len(samplers), vocab]."""
+    def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState],
+                grammar: Optional[GrammarBitmask]) -> tuple[list[int], list]:
+        """(token id, logprobs or None) of each sampling row of logits [len(samplers), vocab]; rows of
+        constrained requests are masked by the step's grammar bitmask (waited for here)."""
         metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
+        if grammar is not None:
+            row_of = {state.req_id: row for row, state in enumerate(samplers)}
+            metadata.grammar_rows = np.array([row_of[req_id] for req_id in grammar.req_ids], np.int64)
+            metadata.grammar_bitmask = grammar.bitmask()
         sampled = sample(logits, metadata)
         return sampled.token_ids.tolist(), sampled.logprobs
 

@@ -12,8 +12,9 @@ The runner answers with a `ModelRunnerOutput` (worker/output.py); the scheduler 
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -77,6 +78,29 @@ class CachedRequestData:
     num_computed_tokens: int  # tokens in the KV cache before this step (a check on the runner's state)
 
 
+class GrammarBitmask:
+    """The token masks of a step's constrained requests that sample (structured outputs).
+
+    Row i belongs to `req_ids[i]`: bit t % 32 of int32 word t // 32 set = token t allowed
+    (xgrammar's and llguidance's layout). The masks are filled on the structured-output manager's
+    thread while the step's forward runs; `bitmask()` waits for them. Pickling (to tensor-parallel
+    workers) waits too and sends the array.
+    """
+
+    def __init__(self, req_ids: list[str], bitmask: Union[Future, np.ndarray]):
+        self.req_ids = req_ids
+        self._bitmask = bitmask
+
+    def bitmask(self) -> np.ndarray:
+        """[len(req_ids), ceil(vocab / 32)] int32, once filled."""
+        if isinstance(self._bitmask, Future):
+            self._bitmask = self._bitmask.result()
+        return self._bitmask
+
+    def __getstate__(self) -> dict:
+        return {"req_ids": self.req_ids, "_bitmask": self.bitmask()}
+
+
 @dataclass
 class SchedulerOutput:
     """One model step.
@@ -88,6 +112,8 @@ class SchedulerOutput:
             in schedule order; every scheduled request appears here.
         finished_req_ids: requests finished or aborted since the last step (drop their state).
         preempted_req_ids: requests preempted in this step (drop their state; they come back new).
+        grammar_bitmask: the token masks of the constrained requests that sample in this step, or
+            None (structured_output/manager.py).
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -95,6 +121,7 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    grammar_bitmask: Optional[GrammarBitmask] = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -167,6 +167,12 @@ class Scheduler:
                 continue
             step.add(request, extra)
 
+    def sampling_req_ids(self, scheduler_output: SchedulerOutput) -> list[str]:
+        """The scheduled requests that sample a token in this step: those whose whole sequence is in
+        the KV cache after it (the model runner's rule)."""
+        return [req_id for req_id, n in scheduler_output.num_scheduled_tokens.items()
+                if self.requests[req_id].num_computed_tokens + n == self.requests[req_id].num_tokens]
+
     # ---- the step's result ------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
         """Apply a step's result: each scheduled request's tokens are now in the KV cache

@@ -1,7 +1,7 @@
 """Token sampling for one step: penalties and masks, then greedy argmax or a filtered random draw.
 
 Order (FastDeploy's sampler; vLLM's is the same): penalties (penalties.py) -> bans (EOS under
-min_tokens, bad words) -> logits / temperature -> softmax -> min-p (drop tokens below min_p x the
+min_tokens, bad words) -> the grammar mask of constrained rows (token_bitmask.py) -> logits / temperature -> softmax -> min-p (drop tokens below min_p x the
 top probability) -> top-k -> top-p (smallest prefix of the sorted, renormalised distribution whose
 mass reaches top_p; the top token always kept) -> one draw by inverse CDF.
 Temperature 0 is greedy: the exact argmax of the processed logits, ties to the lowest token id.
@@ -24,6 +24,7 @@ from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_bans
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.model_executor.ops.sampling import apply_penalties_, top_k_top_p_min_p_sampling
+from fastdeploy.model_executor.ops.token_bitmask import apply_token_bitmask_
 
 RAW = "raw_logprobs"  # the other mode: "processed_logprobs"
 
@@ -41,6 +42,8 @@ class SamplingMetadata:
     penalties: Optional[PenaltyInputs] = None  # None: no row has a penalty
     num_logprobs: Optional[np.ndarray] = None  # [rows] int, -1 = no logprobs for that row
     logprobs_mode: str = RAW  # RAW: before penalties/temperature; "processed_logprobs": after them
+    grammar_bitmask: Optional[np.ndarray] = None  # [m, ceil(vocab / 32)] int32 masks of constrained rows
+    grammar_rows: Optional[np.ndarray] = None  # [m] int64 row of each mask
 
 
 @dataclass
@@ -59,6 +62,8 @@ def sample(logits, md: SamplingMetadata) -> SamplerOutput:
     if md.penalties is not None:
         apply_penalties_(x, md.penalties)
     apply_bans(x, md.banned)
+    if md.grammar_bitmask is not None:
+        apply_token_bitmask_(x, md.grammar_bitmask, md.grammar_rows)
     tokens = top_k_top_p_min_p_sampling(x, md.temperature, md.top_k, md.top_p, md.min_p, md.uniforms)
     logprobs = [None] * rows
     if len(wants):

@@ -1,0 +1,172 @@
+"""StructuredOutputManager: the engine's side of structured outputs (vLLM v1's split).
+
+- `validate` (when a request is added, before anything is queued): the request's constraint as a
+  GrammarSpec (structured_output/grammar.py), compiled by the backend into the cache, so a schema,
+  regex or grammar that does not compile is a ValueError naming the prompt and the fault. The cache
+  is keyed by the spec (one manager serves one tokenizer), LRU-bounded; a repeated constraint costs a
+  dictionary lookup and a copy of the template matcher. Compilation happens on the thread that adds
+  the request, never in the step loop.
+- `add_request` / `remove`: one matcher per completion (n > 1: n matchers), at the grammar's start.
+- `grammar_bitmask` (each step, after scheduling): the packed masks of the constrained requests that
+  sample in this step, filled on the manager's thread while the step's forward runs; the model
+  runner waits for them just before sampling (`GrammarBitmask`, engine/sched/output.py).
+- `accept_tokens` (after the step): each sampled token advances its request's matcher.
+
+The matchers live here, not in the runner: a preempted request keeps its matcher (its generated
+tokens stay), and under tensor parallelism the masks travel with the step to the rank that samples.
+With a reasoning parser, a request is unconstrained until its thinking ends (reasoning_end.py).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import numpy as np
+
+from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams
+from fastdeploy.engine.sched.output import GrammarBitmask
+from fastdeploy.structured_output.grammar import GrammarSpec, grammar_spec
+from fastdeploy.structured_output.reasoning_end import ReasoningEnd
+
+CACHE_SIZE = 1024  # compiled grammars kept (each a template matcher: its lexer and parser tables)
+
+
+@dataclass
+class RequestGrammar:
+    """One completion's matcher and whether its thinking (if any) has ended."""
+
+    matcher: object
+    reasoning_ended: bool = True
+    tail: list = field(default_factory=list)  # the last generated tokens while thinking
+
+
+class StructuredOutputManager:
+    """Compiles, caches and advances the grammars of one engine's constrained requests.
+
+    Args:
+        backend_name: `LLM(guided_decoding_backend=)`: "auto", "guidance", "xgrammar" or "off".
+        tokenizer: the engine's tokenizer.
+        vocab_size: the model's vocabulary (the width of a mask row, in tokens).
+        eos_token_ids: the ids a grammar allows where it is complete.
+        disable_any_whitespace: `LLM(guided_decoding_disable_any_whitespace=)`.
+        reasoning: True when a reasoning parser is set (constraints start after the thinking).
+    """
+
+    def __init__(self, backend_name: str, tokenizer, vocab_size: int, eos_token_ids: frozenset,
+                 disable_any_whitespace: bool = False, reasoning: bool = False):
+        self.backend_name = backend_name
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.disable_any_whitespace = disable_any_whitespace
+        self.reasoning_end = ReasoningEnd(tokenizer) if reasoning else None
+        self.requests: dict[str, RequestGrammar] = {}
+        self._backend = None
+        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
+        self._lock = threading.Lock()  # the backend's construction and the cache, for callers on other threads
+        self._mask_thread: Optional[ThreadPoolExecutor] = None
+
+    @property
+    def backend(self):
+        """The backend, built on first use (building llguidance's tokenizer takes ~0.3 s)."""
+        with self._lock:
+            if self._backend is None:
+                from fastdeploy.structured_output.backends import make_backend
+
+                self._backend = make_backend(self.backend_name, self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._backend
+
+    # ---- requests -------------------------------------------------------------------------------
+    def spec(self, params: SamplingParams) -> Optional[GrammarSpec]:
+        """The request's GrammarSpec, or None when it has no constraint (ValueError on a bad schema text)."""
+        return grammar_spec(params.guided_decoding, self.disable_any_whitespace)
+
+    def validate(self, params: SamplingParams, index: Optional[int] = None) -> None:
+        """Compile the request's constraint (into the cache); ValueError naming prompt `index` and the fault."""
+        where = "" if index is None else f"prompt {index}: "
+        try:
+            spec = self.spec(params)
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
+        if spec is None:
+            return
+        if self.backend_name == "off":
+            raise ValueError(f"{where}{spec.describe()} was given, but the LLM was made with "
+                             "guided_decoding_backend='off'; use 'auto' (llguidance) for structured outputs")
+        try:
+            self.compile(spec)
+        except ValueError as error:
+            raise ValueError(f"{where}{spec.describe()} does not compile ({self.backend.name}): {error}") from None
+
+    def compile(self, spec: Union[GrammarSpec, GuidedDecodingParams]):
+        """The compiled grammar of a spec (or of GuidedDecodingParams), from the cache or compiled now
+        (ValueError when it does not compile)."""
+        if isinstance(spec, GuidedDecodingParams):
+            spec = grammar_spec(spec, self.disable_any_whitespace)
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is not None:
+                self._cache.move_to_end(spec)
+                return compiled
+        compiled = self.backend.compile(spec)  # outside the lock: long grammars take a while
+        with self._lock:
+            self._cache[spec] = compiled
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int]) -> None:
+        """Give a queued completion its matcher (validate() ran when its prompt was added)."""
+        spec = self.spec(params)
+        if spec is None:
+            return
+        ended = self.reasoning_end is None or self.reasoning_end.ended_in_prompt(prompt_token_ids)
+        self.requests[req_id] = RequestGrammar(self.backend.matcher(self.compile(spec)), ended)
+
+    def remove(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.requests.pop(req_id, None)
+
+    # ---- steps --------------------------------------------------------------------------------
+    def grammar_bitmask(self, sampling_req_ids: list[str]) -> Optional[GrammarBitmask]:
+        """Masks for the constrained requests among `sampling_req_ids` (the step's requests that sample),
+        filled on the manager's thread; None when none is constrained now."""
+        rows = [(req_id, self.requests[req_id]) for req_id in sampling_req_ids
+                if req_id in self.requests and self.requests[req_id].reasoning_ended]
+        if not rows:
+            return None
+        bitmask = np.empty((len(rows), (self.vocab_size + 31) // 32), dtype=np.int32)  # [rows, words]
+        matchers = [grammar.matcher for _, grammar in rows]
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="fd-grammar-mask")
+        future = self._mask_thread.submit(self._fill, matchers, bitmask)
+        return GrammarBitmask([req_id for req_id, _ in rows], future)
+
+    def _fill(self, matchers: list, bitmask: np.ndarray) -> np.ndarray:
+        self.backend.fill_bitmask(matchers, bitmask)
+        return bitmask
+
+    def accept_tokens(self, sampled_token_ids: dict[str, int]) -> dict[str, str]:
+        """Advance each constrained request by its sampled token; returns {req_id: error} for the
+        requests whose grammar rejected the token (they cannot go on)."""
+        failed = {}
+        for req_id, token_id in sampled_token_ids.items():
+            grammar = self.requests.get(req_id)
+            if grammar is None:
+                continue
+            if not grammar.reasoning_ended:  # thinking: unconstrained; the closing token is not fed
+                grammar.tail = (grammar.tail + [token_id])[-len(self.reasoning_end.end):]
+                grammar.reasoning_ended = self.reasoning_end.closes(grammar.tail)
+                continue
+            if not self.backend.accept_token(grammar.matcher, token_id):
+                failed[req_id] = (f"token {token_id} is not allowed by the request's guided_decoding constraint "
+                                  "(no token was: e.g. min_tokens banned EOS where the grammar allows only EOS)")
+        return failed
+
+    def shutdown(self) -> None:
+        if self._mask_thread is not None:
+            self._mask_thread.shutdown(wait=True)
+            self._mask_thread = None
