@@ -1,45 +1,25 @@
 """The structured-output schema set (benchmarks/structured_schemas.json): well formed, satisfiable, compilable.
 
 The set is the workload of benchmarks/benchmark_structured.py and of the end-to-end structured-output
-tests. Each item is a JSON Schema, a regex or a choice list, with a prompt and a hand-written example
-output. The oracles here are independent of the engine: `jsonschema` (draft 2020-12) for the schemas
-and their examples, Python's `re.fullmatch` for the regexes, and llguidance (the engine's default backend) on its
-own, over a byte vocabulary: each schema and regex compiles and its matcher accepts the example. `load_schema_set` and `output_fault` are for the
-tests that generate over the set.
+tests, which read it with the benchmark's `load_items` and check outputs with its `output_fault`. Each
+item is a JSON Schema, a regex or a choice list, with a prompt and a hand-written example output. The
+oracles here are independent of the engine: `jsonschema` (draft 2020-12) for the schemas and their
+examples, Python's `re.fullmatch` for the regexes, and llguidance (the engine's default backend) on its
+own, over a byte vocabulary: each schema and regex compiles and its matcher accepts the example.
 """
 import json
 import re
+import sys
 from pathlib import Path
 
 import jsonschema
 import llguidance
 import pytest
 
-SCHEMA_SET = Path(__file__).resolve().parents[2] / "benchmarks" / "structured_schemas.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from benchmark_structured import load_items, output_fault  # noqa: E402  (the set's loader and output checker)
 
-
-def load_schema_set() -> list[dict]:
-    """The set's items: dicts with name, kind ("json" | "regex" | "choice"), prompt, example, and the
-    constraint under the kind's own key (schema, regex or choice)."""
-    return json.loads(SCHEMA_SET.read_text())["items"]
-
-
-def output_fault(item: dict, text: str):
-    """Why `text` does not satisfy `item`'s constraint, or None when it does: JSON that parses and
-    validates under the schema, a full match of the regex, or exactly one of the choices."""
-    if item["kind"] == "json":
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            return f"not JSON: {e}"
-        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(item["schema"]).iter_errors(value))
-        return None if error is None else f"invalid at {list(error.absolute_path)}: {error.message}"
-    if item["kind"] == "regex":
-        return None if re.fullmatch(item["regex"], text) else f"{text!r} does not fully match {item['regex']!r}"
-    return None if text in item["choice"] else f"{text!r} is not one of {item['choice']}"
-
-
-ITEMS = load_schema_set()
+ITEMS = load_items()
 BY_KIND = {kind: [i for i in ITEMS if i["kind"] == kind] for kind in ("json", "regex", "choice")}
 
 
