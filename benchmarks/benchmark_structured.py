@@ -25,12 +25,12 @@ Measured per run:
     schema, cold (the first call for that schema) and cached (the same call again); medians over the
     schemas. One unrelated schema is compiled first, so "cold" leaves out the backend's one-time
     tokenizer set-up. An engine without that attribute prints why and skips only this row.
-Each run is warmed up with every constrained request at max_tokens=2 (so its grammars are compiled
-before the timed calls, in every engine); with --repeats R the constrained and unconstrained calls
+Each run is warmed up with every request at max_tokens=2, constrained (so its grammars are compiled
+before the timed calls, in every engine) and unconstrained; with --repeats R the constrained and unconstrained calls
 alternate R times and the best of each is kept. Each run also prints the CPU seconds other processes
 used meanwhile: a run where that is not ~0 was disturbed.
 
-    python benchmarks/benchmark_structured.py                                    # ours, ours-bf16, vllm
+    python benchmarks/benchmark_structured.py --vllm-python ~/venvs/vllm/bin/python   # ours, ours-bf16, vllm
     python benchmarks/benchmark_structured.py --engines ours --num-prompts 8 --max-tokens 32   # quick check
 """
 import argparse
@@ -142,7 +142,8 @@ def child(args):
     def constrained(max_tokens):
         return [Sampling(temperature=0, max_tokens=max_tokens, **{key: Constraint(**constraint(i))}) for i in items]
 
-    timed_generate(llm, prompts, constrained(2))  # warm-up: compiles every grammar, runs the model
+    timed_generate(llm, prompts, constrained(2))  # warm-up of both paths: compiles every grammar
+    timed_generate(llm, prompts, Sampling(temperature=0, max_tokens=2, ignore_eos=True))
     best = {}
     for _ in range(args.repeats):
         seconds, load, outs = timed_generate(llm, prompts, constrained(args.max_tokens))
@@ -222,7 +223,7 @@ def main():
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
     ap.add_argument("--repeats", type=int, default=1, help="constrained/unconstrained pairs per run; best of each")
     ap.add_argument("--schemas", default=str(SCHEMA_SET), help="the item set (JSON, as structured_schemas.json)")
-    ap.add_argument("--vllm-python", default="/work/venvs/vllm/bin/python", help="Python that can import vllm")
+    ap.add_argument("--vllm-python", default=sys.executable, help="Python that can import vllm (a venv's bin/python)")
     ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),
                     help="folder for the HF-layout copy of a GGUF model (vLLM, ours-bf16) and vLLM's compile cache")
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
