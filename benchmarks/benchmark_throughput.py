@@ -106,12 +106,15 @@ def build_prompts(tokenizer, n):
         import numpy as np
 
         return np.random.default_rng(0).integers(1000, 30000, size=(n, 42)).tolist()
-    prompts = []
-    for i in range(n):
-        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-    return prompts
+    return [chat_prompt_ids(tokenizer, SYSTEM, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+
+
+def chat_prompt_ids(tokenizer, system, user):
+    """Token ids of a system and a user message rendered with the tokenizer's chat template, ready for
+    the assistant's answer."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def matmul_params(cfg):
@@ -435,20 +438,25 @@ def run_child(engine, args, prompts_file, output_len=None):
     if child_engine == "ours":  # the baseline checkout's engine too
         cmd += ["--dtype", args.dtype] + (["--quantization", args.quantization] if args.quantization else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if engine == "reference" and (proc.returncode != 0 or not lines):
+    result = child_result(proc)
+    if engine == "reference" and result is None:
         print(f"  transformers could not run the greedy reference (exit {proc.returncode}): "
               f"{proc.stderr.strip().splitlines()[-1:] or ''}", flush=True)
         return None
-    if proc.returncode != 0 or not lines:
+    if result is None:
         sys.exit(f"{engine} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     runs = [line for line in proc.stdout.splitlines() if line.startswith("  run ")]
     print("\n".join(f"  (greedy reference){line[5:]}" if engine == "reference" else line for line in runs), flush=True)
-    result = json.loads(lines[-1][len("RESULT "):])
     if engine == "baseline":  # an older script may not report its format: the same settings as ours
         result["name"] = "ours @ baseline"
         result.setdefault("weight_format", f"({args.quantization or args.dtype})")
     return result
+
+
+def child_result(proc):
+    """The JSON a finished child process printed on its last `RESULT ` line; None when it failed or printed none."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):]) if proc.returncode == 0 and lines else None
 
 
 def ernie_checkpoint(scratch: Path) -> Path:
