@@ -65,13 +65,13 @@ def _logit_bias(name: str, bias) -> dict[int, float]:
         if token < 0:
             raise ValueError(f"{name} keys must be token ids >= 0, got {key!r}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name}[{key!r}] must be a number, got {value!r} ({type(value).__name__})")
+            raise TypeError(f"{name} value of {key!r} must be a number, got {value!r} ({type(value).__name__})")
         try:
             number = float(value)
         except OverflowError:  # an int beyond float's range: clamped below like an infinity
             number = math.inf if value > 0 else -math.inf
         if math.isnan(number):
-            raise ValueError(f"{name}[{key!r}] must be a number, got nan")
+            raise ValueError(f"{name} value of {key!r} must be a number, got nan")
         out[token] = min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, number))
     return out
 

@@ -48,6 +48,11 @@ plausible = {
     "logprobs": st.integers(-3, 25),
     "prompt_logprobs": st.integers(-3, 25),
     "skip_special_tokens": st.booleans(),
+    "logit_bias": st.dictionaries(st.integers(-2, 50_000) | st.sampled_from(["7", "x", "-1", ""]),
+                                  st.floats(allow_nan=True) | st.integers(-200, 200) | st.sampled_from(["1", None]),
+                                  max_size=3),
+    "allowed_token_ids": st.lists(st.integers(-2, 50_000), max_size=3),
+    "logits_processors_args": st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 }
 assert set(plausible) == set(FIELDS), "a new SamplingParams field needs a strategy here"
 
@@ -88,7 +93,7 @@ def test_sampling_params_construct_or_name_the_bad_field(kwargs):
         assert e is None, f"valid {kwargs!r} rejected: {type(e).__name__}: {e}"
         params = SamplingParams(**kwargs)
         for name, value in kwargs.items():
-            if name != "temperature":
+            if name not in ("temperature", "logit_bias"):  # logit_bias: int keys, clamped values (its own tests)
                 assert getattr(params, name) == value, name
         copy = params.clone()  # tuples become lists; values stay equal
         assert all(list(getattr(copy, f)) == list(getattr(params, f)) if isinstance(getattr(params, f), tuple)
