@@ -168,3 +168,4 @@ class FDConfig:
     nnodes: int = 1  # machines the ranks are spread over (this one is node 0; docs/tensor_parallel.md)
     guided_decoding_backend: str = "auto"  # structured outputs: "auto", "guidance", "xgrammar" or "off"
     guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request
+    logits_processors: list = field(default_factory=list)  # class specs (str), run in order (logits_processor/)

@@ -130,6 +130,12 @@ class EngineArgs:
             JSON) for every request. By default whitespace there is bounded: one space, or one
             newline and up to 20 spaces of indentation (a small model under JSON's unbounded
             whitespace can emit newlines until max_tokens).
+        logits_processors: FastDeploy's logits processors, run every step in this order after the
+            penalties and `SamplingParams.logit_bias`: a built-in's class name ("LogitBiasLogitsProcessor")
+            or "package.module:ClassName" of your own (model_executor/logits_processor/base.py
+            `LogitsProcessor`; docs/offline_inference.md, "Logits processors"). The classes are loaded
+            here: a bad spec is a ValueError ("Invalid spec ..."), ImportError or AttributeError.
+            Requests pass them arguments in `SamplingParams.logits_processors_args`.
         task: vLLM's model task: "auto" or "generate" (text generation, the only task here); a pooling
             task ("embed", "classify", "score", "reward") is a ValueError.
     """
@@ -170,6 +176,7 @@ class EngineArgs:
     task: str = "auto"
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
+    logits_processors: Optional[list] = None  # of str
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -253,9 +260,20 @@ class EngineArgs:
         if not isinstance(self.guided_decoding_disable_any_whitespace, bool):
             raise TypeError("guided_decoding_disable_any_whitespace must be True or False, got "
                             f"{self.guided_decoding_disable_any_whitespace!r}")
+        self._check_logits_processors()
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}: this engine generates text "
                              "and has no pooling (embedding, classification, scoring) models")
+
+    def _check_logits_processors(self) -> None:
+        """Each spec loads to a processor class (model_executor/logits_processor load_class's errors)."""
+        from fastdeploy.model_executor.logits_processor import load_class
+
+        specs = self.logits_processors
+        if specs is not None and not isinstance(specs, (list, tuple)):
+            raise TypeError(f"logits_processors must be a list of class specs (str), got {type(specs).__name__}")
+        for spec in specs or ():
+            load_class(spec)
 
     def _check_multimodal_settings(self) -> None:
         from fastdeploy.input.vl_processor import VLSettings, merge_mm_limits
@@ -330,6 +348,7 @@ class EngineArgs:
             nnodes=self.nnodes,
             guided_decoding_backend=self.guided_decoding_backend,
             guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
+            logits_processors=list(self.logits_processors or ()),
         )
 
 

@@ -20,6 +20,7 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 MAX_N = 1024  # completions per prompt; each is a request of its own (a huge n would run for ever)
+MAX_LOGIT_BIAS = 100.0  # logit_bias values are clamped to [-100, 100] (OpenAI's range, vLLM's clamp)
 
 
 def _check_type(name: str, value, types: tuple, allowed: str) -> None:
@@ -45,6 +46,35 @@ def _check_token_ids(name: str, ids) -> None:
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
     ):
         raise TypeError(f"{name} must be a list of token ids (ints >= 0), got {ids!r}")
+
+
+def _logit_bias(name: str, bias) -> dict[int, float]:
+    """bias as {token id: float in [-100, 100]}: keys int or str of an int (JSON's keys), values numbers
+    (clamped, infinities included; NaN refused). TypeError / ValueError naming `name` and the bad key."""
+    if not isinstance(bias, dict):
+        raise TypeError(f"{name} must be a dict {{token id: bias}}, got {type(bias).__name__}")
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise TypeError(f"{name} keys must be token ids (int, or str of an int), got {key!r} "
+                            f"({type(key).__name__})")
+        try:
+            token = int(key)
+        except ValueError:
+            raise ValueError(f"{name} keys must be token ids (int, or str of an int), got {key!r}") from None
+        if token < 0:
+            raise ValueError(f"{name} keys must be token ids >= 0, got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} value of {key!r} must be a number, got {value!r} ({type(value).__name__})")
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float's range: clamped below like an infinity
+            number = math.inf if value > 0 else -math.inf
+        if math.isnan(number):
+            raise ValueError(f"{name} value of {key!r} must be a number, got nan")
+        out[token] = min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, number))
+    return out
+
 
 GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -143,8 +173,8 @@ def _guided(name: str, value) -> Optional[GuidedDecodingParams]:
     if isinstance(value, dict):
         try:
             return GuidedDecodingParams(**value)
-        except TypeError as error:
-            raise TypeError(f"{name}: {error}") from None
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{name} is invalid: {error}") from None
     raise TypeError(f"{name} must be a GuidedDecodingParams (StructuredOutputsParams), a dict of its fields "
                     f"or None, got {type(value).__name__}")
 
@@ -158,15 +188,17 @@ class SamplingParams:
     repetition_penalty 1.0, presence_penalty 0.0, frequency_penalty 0.0 (all neutral).
 
     Logits processing, in this order (FastDeploy's `get_token_penalty_multi_scores`, then its
-    sampler; vLLM applies the same steps in the same order):
+    sampler; vLLM's steps are the same, its logit_bias and allowed_token_ids before the penalties):
       1. repetition_penalty r over tokens of the prompt and the output so far: a logit l > 0
          becomes l / r, else l * r (CTRL, Keskar et al. 2019);
       2. frequency and presence penalties over output tokens: l -= frequency_penalty * count
          + presence_penalty * [count > 0] (OpenAI's definition);
-      3. EOS and stop_token_ids masked (-inf) while fewer than min_tokens are generated;
-         bad words masked;
-      4. division by temperature; temperature 0 = greedy: the argmax of the processed logits;
-      5. softmax, min_p, top_k, then top_p on the renormalised remainder; one draw.
+      3. logits processors: logit_bias added (l += bias), then the LLM's `logits_processors` in the
+         order given (FastDeploy's `LogitBiasLogitsProcessor` reads `logits_processors_args`);
+      4. bans (-inf): EOS and stop_token_ids while fewer than min_tokens are generated, bad words,
+         and every token outside allowed_token_ids;
+      5. division by temperature; temperature 0 = greedy: the argmax of the processed logits;
+      6. softmax, min_p, top_k, then top_p on the renormalised remainder; one draw.
 
     Attributes:
         n: completions per prompt, >= 1. They are independent samples; greedy (temperature 0,
@@ -212,6 +244,18 @@ class SamplingParams:
             (finish_reason "length", the output then a prefix of a valid one).
         structured_outputs: vLLM's name for the same field; give one or the other (both, unless the
             same object, is a ValueError). After construction both hold the same value.
+        logit_bias: vLLM's (and OpenAI's) {token id: bias} added to those logits every step (step 3
+            above). Keys are ints or strings of ints (JSON), stored as int; values are numbers,
+            clamped to [-100, 100]: +100 makes a token all but certain, -100 all but banned.
+        allowed_token_ids: vLLM's non-empty list of token ids; every other token is banned (step 4),
+            EOS included unless listed (the request then ends at max_tokens or a stop).
+        logits_processors_args: FastDeploy's per-request arguments of the LLM's logits processors
+            (`LLM(logits_processors=[...])`), a dict each processor reads its own keys from; the
+            built-in `LogitBiasLogitsProcessor` reads {"logit_bias": {token id: bias}} (keys and values
+            cast to int and float, unclamped). Giving it to an LLM without logits processors is a
+            ValueError. See docs/offline_inference.md, "Logits processors".
+        Token ids of logit_bias, allowed_token_ids and the built-in processor's logit_bias must lie
+        inside the model's vocabulary: checked when the request is added (ValueError naming the prompt).
     """
 
     n: int = 1
@@ -236,6 +280,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     guided_decoding: Optional[GuidedDecodingParams] = None
     structured_outputs: Optional[GuidedDecodingParams] = None
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    logits_processors_args: Optional[dict] = None
     stop_strings: list[str] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -245,6 +292,7 @@ class SamplingParams:
         self._verify_stops()
         self._verify_logprobs()
         self._verify_guided_decoding()
+        self._verify_logits_processing()
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
 
@@ -334,6 +382,18 @@ class SamplingParams:
             raise ValueError("guided_decoding and structured_outputs are two names of one field; set one, got "
                              f"guided_decoding={guided!r} and structured_outputs={structured!r}")
         self.guided_decoding = self.structured_outputs = guided if guided is not None else structured
+
+    def _verify_logits_processing(self) -> None:
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias("logit_bias", self.logit_bias)
+        if self.allowed_token_ids is not None:
+            _check_token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty: it lists the only tokens the request may "
+                                 "generate (None: every token)")
+        if self.logits_processors_args is not None and not isinstance(self.logits_processors_args, dict):
+            raise TypeError("logits_processors_args must be a dict of the logits processors' arguments, got "
+                            f"{type(self.logits_processors_args).__name__}")
 
     def clone(self, **changes) -> "SamplingParams":
         """A validated copy with `changes` applied; the original is left untouched."""

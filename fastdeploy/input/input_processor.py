@@ -4,8 +4,9 @@ Everything that can be checked before a request is queued is checked here, so ba
 (ValueError/TypeError naming the field and the allowed values) before any work starts:
 the prompt (text that is valid Unicode, non-empty, ids inside the vocabulary, room to generate within
 max_model_len, enough KV blocks for it), and the sampling parameters against the model (vocabulary,
-max_logprobs). The caller's SamplingParams is never modified: the prompt gets a resolved copy with the model's
-generation_config defaults filled in and max_tokens clamped to the context left.
+max_logprobs, the logits processors' arguments). The caller's SamplingParams is never modified: the
+prompt gets a resolved copy with the model's generation_config defaults filled in and max_tokens
+clamped to the context left.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input.bad_words import bad_words_token_ids
+from fastdeploy.model_executor.logits_processor import load_class
 
 
 @dataclass
@@ -78,6 +80,7 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids(tokenizer, fd_config.generation_config)
         self.num_usable_blocks = fd_config.cache_config.num_blocks - 1  # block 0 is the null block
+        self.logits_processor_classes = [load_class(spec) for spec in fd_config.logits_processors]
 
     def process(self, prompt: Optional[str], prompt_token_ids: Optional[list[int]], params: SamplingParams,
                 index: Optional[int] = None, mm_data=None) -> PreparedPrompt:
@@ -92,6 +95,7 @@ class InputProcessor:
             prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         self.validate_prompt(prompt_token_ids, index)
         resolved = self.resolve_sampling_params(params, len(prompt_token_ids))  # rejects greedy n > 1 too
+        self.check_logits_processing(resolved, index)
         banned = bad_words_token_ids(self.tokenizer, resolved.bad_words or [], resolved.bad_words_token_ids or [],
                                      self.config.model_config.vocab_size)
         positions = np.arange(len(prompt_token_ids), dtype=np.int64)  # text: 1-D, one per token
@@ -143,6 +147,27 @@ class InputProcessor:
         )
         self._check_against_model(resolved)
         return resolved
+
+    def check_logits_processing(self, params: SamplingParams, index: Optional[int] = None) -> None:
+        """logit_bias and allowed_token_ids inside the vocabulary, and `logits_processors_args` accepted
+        by each of the LLM's logits processors (their `validate_params`). ValueError / TypeError
+        naming the field and prompt `index`."""
+        where = "" if index is None else f"prompt {index}: "
+        vocab = self.config.model_config.vocab_size
+        for name in ("logit_bias", "allowed_token_ids"):
+            bad = [t for t in getattr(params, name) or () if t >= vocab]
+            if bad:
+                raise ValueError(f"{where}{name} holds token id {bad[0]}, outside the vocabulary [0, {vocab})")
+        if params.logits_processors_args and not self.logits_processor_classes:
+            raise ValueError(f"{where}logits_processors_args was given, but this LLM has no logits processors to "
+                             "read it: build the LLM with logits_processors=[...], e.g. [\"LogitBiasLogitsProcessor\"]")
+        for cls in self.logits_processor_classes:
+            validate = getattr(cls, "validate_params", None)
+            try:
+                if validate is not None:
+                    validate(params, self.config)
+            except (ValueError, TypeError) as error:
+                raise (TypeError if isinstance(error, TypeError) else ValueError)(f"{where}{error}") from error
 
     def _check_against_model(self, params: SamplingParams) -> None:
         vocab = self.config.model_config.vocab_size

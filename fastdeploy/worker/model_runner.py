@@ -23,6 +23,7 @@ from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
+from fastdeploy.model_executor.logits_processor import build_logits_processors
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.platforms.cpu import collapse_into_huge_pages
 from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
@@ -34,13 +35,16 @@ PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows,
 
 
 class ModelRunner:
-    def __init__(self, fd_config: FDConfig, model):
+    def __init__(self, fd_config: FDConfig, model, samples: bool = True):
+        """`samples`: this runner samples the tokens (False on tensor-parallel ranks other than 0),
+        so it builds the LLM's logits processors."""
         self.config = fd_config
         self.model = model
         self.block_size = fd_config.cache_config.block_size
         self.vocab_size = fd_config.model_config.vocab_size
         self.rng = np.random.default_rng(fd_config.seed)  # draws of unseeded requests
         self.requests: dict[str, CachedRequestState] = {}
+        self.logits_processors = build_logits_processors(fd_config) if samples else []
         self.kv_caches = self._allocate_kv_caches()
         self.huge_page_bytes = collapse_into_huge_pages(model.parameters())  # decode streams them every step
 
@@ -98,7 +102,8 @@ class ModelRunner:
                 grammar: Optional[GrammarBitmask]) -> tuple[list[int], list]:
         """(token id, logprobs or None) of each sampling row of logits [len(samplers), vocab]; rows of
         constrained requests are masked by the step's grammar bitmask (waited for here)."""
-        metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode)
+        metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode,
+                                     self.logits_processors)
         if grammar is not None:
             row_of = {state.req_id: row for row, state in enumerate(samplers)}
             metadata.grammar_rows = np.array([row_of[req_id] for req_id in grammar.req_ids], np.int64)

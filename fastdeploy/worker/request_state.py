@@ -32,6 +32,9 @@ class CachedRequestState(TokenSequence):
     # encoder output [length, hidden] of each item being prefilled, by index in mm_features (worker/multimodal.py)
     encoder_outputs: dict = field(default_factory=dict, repr=False)
     prompt_unique: Optional[np.ndarray] = field(default=None, repr=False)  # sorted unique prompt ids, for penalties
+    # built on the first step that samples (worker/sampling_inputs.py), kept until the request leaves:
+    logit_bias_arrays: Optional[tuple] = field(default=None, repr=False)  # (ids [k] int64, biases [k] float32)
+    disallowed_mask: Optional[np.ndarray] = field(default=None, repr=False)  # [vocab] bool, allowed_token_ids
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> "CachedRequestState":

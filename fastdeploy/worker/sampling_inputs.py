@@ -5,9 +5,12 @@ from typing import Optional
 
 import numpy as np
 
+from fastdeploy.model_executor.layers.sample.allowed_tokens import disallowed_mask
 from fastdeploy.model_executor.layers.sample.bad_words import banned_now
+from fastdeploy.model_executor.layers.sample.logit_bias import LogitBias, bias_arrays
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, seen_tokens
 from fastdeploy.model_executor.layers.sample.sampler import SamplingMetadata
+from fastdeploy.model_executor.logits_processor import LogitsRow
 from fastdeploy.worker.request_state import CachedRequestState
 
 
@@ -17,13 +20,14 @@ def num_logprobs(k: Optional[int], vocab_size: int) -> int:
 
 
 def sampling_metadata(states: list[CachedRequestState], rng: np.random.Generator, vocab_size: int,
-                      logprobs_mode: str) -> SamplingMetadata:
+                      logprobs_mode: str, logits_processors: tuple = ()) -> SamplingMetadata:
     """One row per request in `states` (in order).
 
     Seeded requests draw from a generator keyed by (seed, completion index, tokens generated), so
     their tokens do not depend on the batch; the others draw from the engine's `rng`.
-    Banned this step: bad words that the next token would complete, and EOS / stop tokens while
-    fewer than min_tokens are generated.
+    Banned this step: bad words that the next token would complete, EOS / stop tokens while fewer
+    than min_tokens are generated, and tokens outside allowed_token_ids. `logits_processors` (the
+    runner's instances) get this step's rows (`update_state`) and run in the sampler.
     """
     banned = []
     uniforms = np.empty(len(states))
@@ -48,6 +52,9 @@ def sampling_metadata(states: list[CachedRequestState], rng: np.random.Generator
         uniforms=uniforms,
         banned=banned,
         penalties=penalty_inputs(states),
+        logit_bias=logit_bias_inputs(states),
+        logits_processors=processors_for_step(states, logits_processors),
+        allowed=allowed_masks(states, vocab_size),
         num_logprobs=np.array([-1 if p.logprobs is None else num_logprobs(p.logprobs, vocab_size) for p in params],
                               np.int64),
         logprobs_mode=logprobs_mode,
@@ -74,3 +81,35 @@ def penalty_inputs(states: list[CachedRequestState]) -> Optional[PenaltyInputs]:
         counts.append(row_counts)
     return PenaltyInputs(np.concatenate(rows), np.concatenate(ids), np.concatenate(counts),
                          repetition, frequency, presence)
+
+
+def logit_bias_inputs(states: list[CachedRequestState]) -> Optional[LogitBias]:
+    """The (row, token, bias) triples of the rows whose request has a logit_bias; None when none has."""
+    entries = []
+    for row, state in enumerate(states):
+        if state.sampling_params.logit_bias:
+            if state.logit_bias_arrays is None:
+                state.logit_bias_arrays = bias_arrays(state.sampling_params.logit_bias)
+            entries.append((row, *state.logit_bias_arrays))
+    return LogitBias.from_rows(entries)
+
+
+def allowed_masks(states: list[CachedRequestState], vocab_size: int) -> list:
+    """(row, disallowed mask [vocab]) of the rows whose request has allowed_token_ids."""
+    masks = []
+    for row, state in enumerate(states):
+        if state.sampling_params.allowed_token_ids:
+            if state.disallowed_mask is None:
+                state.disallowed_mask = disallowed_mask(state.sampling_params.allowed_token_ids, vocab_size)
+            masks.append((row, state.disallowed_mask))
+    return masks
+
+
+def processors_for_step(states: list[CachedRequestState], processors) -> list:
+    """`processors`, each told this step's rows (update_state); [] when there are none."""
+    if processors:
+        rows = [LogitsRow(s.req_id, s.sampling_params, s.sampling_params.logits_processors_args or {},
+                          s.prompt_token_ids, s.output_token_ids) for s in states]
+        for processor in processors:
+            processor.update_state(rows)
+    return list(processors)

@@ -118,7 +118,7 @@ class TensorParallelModelRunner(ModelRunner):
     """A ModelRunner whose sampling happens on rank 0 only; the token ids are broadcast to the others."""
 
     def __init__(self, fd_config, model, group):
-        super().__init__(fd_config, model)
+        super().__init__(fd_config, model, samples=group.rank == 0)
         self.group = group
 
     def _sample(self, logits, samplers):

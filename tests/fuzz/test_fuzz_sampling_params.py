@@ -7,7 +7,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastdeploy import SamplingParams
+from fastdeploy import GuidedDecodingParams, SamplingParams
 from fastdeploy.engine.sampling_params import GREEDY_TEMPERATURE_EPS, MAX_SEED
 
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.init]
@@ -27,6 +27,9 @@ junk = st.one_of(
 )
 
 # plausible values per field (valid and near the edges), mixed with junk for every field
+guided = st.sampled_from([GuidedDecodingParams(regex="[0-9]+"), GuidedDecodingParams(), {"choice": ["a", "b"]},
+                          {"json": {"type": "object"}}, {"choice": []}, {"regex": 5}, {"json": "{}", "regex": "a"},
+                          {"kind": "json"}])
 plausible = {
     "n": st.integers(-2, 4),
     "temperature": st.floats(-1, 3) | st.sampled_from([0, 0.0, 1e-6, GREEDY_TEMPERATURE_EPS, 1]),
@@ -48,6 +51,13 @@ plausible = {
     "logprobs": st.integers(-3, 25),
     "prompt_logprobs": st.integers(-3, 25),
     "skip_special_tokens": st.booleans(),
+    "logit_bias": st.dictionaries(st.integers(-2, 50_000) | st.sampled_from(["7", "x", "-1", ""]),
+                                  st.floats(allow_nan=True) | st.integers(-200, 200) | st.sampled_from(["1", None]),
+                                  max_size=3),
+    "allowed_token_ids": st.lists(st.integers(-2, 50_000), max_size=3),
+    "logits_processors_args": st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    "guided_decoding": guided,
+    "structured_outputs": guided,
 }
 assert set(plausible) == set(FIELDS), "a new SamplingParams field needs a strategy here"
 
@@ -83,12 +93,18 @@ def test_sampling_params_construct_or_name_the_bad_field(kwargs):
     max_tokens, min_tokens = kwargs.get("max_tokens"), kwargs.get("min_tokens", 0)
     if not {"min_tokens", "max_tokens"} & alone_bad and max_tokens is not None and min_tokens > max_tokens:
         combo_bad |= {"min_tokens", "max_tokens"}
+    guided = [kwargs.get(name) for name in ("guided_decoding", "structured_outputs")]
+    if not {"guided_decoding", "structured_outputs"} & alone_bad and None not in guided and \
+            error_of({"guided_decoding": guided[0]}) is None and SamplingParams(guided_decoding=guided[0]).guided_decoding \
+            != SamplingParams(guided_decoding=guided[1]).guided_decoding:
+        combo_bad |= {"guided_decoding", "structured_outputs"}
     e = error_of(kwargs)
     if not alone_bad and not combo_bad:
         assert e is None, f"valid {kwargs!r} rejected: {type(e).__name__}: {e}"
         params = SamplingParams(**kwargs)
         for name, value in kwargs.items():
-            if name != "temperature":
+            # normalised on construction: logit_bias (int keys, clamped values), the guided_decoding field's two names
+            if name not in ("temperature", "logit_bias", "guided_decoding", "structured_outputs"):
                 assert getattr(params, name) == value, name
         copy = params.clone()  # tuples become lists; values stay equal
         assert all(list(getattr(copy, f)) == list(getattr(params, f)) if isinstance(getattr(params, f), tuple)

@@ -1,9 +1,15 @@
-"""Token sampling for one step: penalties and masks, then greedy argmax or a filtered random draw.
+"""Token sampling for one step: penalties, logits processors and masks, then greedy argmax or a
+filtered random draw.
 
-Order (FastDeploy's sampler; vLLM's is the same): penalties (penalties.py) -> bans (EOS under
-min_tokens, bad words) -> the grammar mask of constrained rows (token_bitmask.py) -> logits / temperature -> softmax -> min-p (drop tokens below min_p x the
-top probability) -> top-k -> top-p (smallest prefix of the sorted, renormalised distribution whose
-mass reaches top_p; the top token always kept) -> one draw by inverse CDF.
+Order (FastDeploy's sampler; vLLM's is the same but for its logit_bias and allowed_token_ids, which
+come before its penalties): penalties (penalties.py) -> logits processors: `SamplingParams.logit_bias`
+(logit_bias.py), then the LLM's `logits_processors` in order (model_executor/logits_processor/) ->
+bans (EOS under min_tokens, bad words; tokens outside allowed_token_ids, allowed_tokens.py) -> the
+grammar mask of constrained rows (structured outputs, token_bitmask.py) -> logits / temperature ->
+softmax -> min-p (drop tokens below min_p x the top probability) -> top-k -> top-p (smallest prefix
+of the sorted, renormalised distribution whose mass reaches top_p; the top token always kept) -> one
+draw by inverse CDF. Logprobs come from the logits before all of it
+("raw_logprobs") or after the masks and temperature ("processed_logprobs").
 Temperature 0 is greedy: the exact argmax of the processed logits, ties to the lowest token id.
 
 Each draw uses one uniform number per row, from the request's own generator when it is seeded
@@ -16,13 +22,16 @@ the compiled ops when they are built (ops/sampling.py: custom_ops/cpu_ops/penalt
 sampling.cc, ~0.05 ms per row; logprobs: ops/logprobs.py), else in numpy (penalties.py, draw.py,
 logprobs.py: the references).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from fastdeploy.model_executor.layers.sample.allowed_tokens import apply_allowed
+from fastdeploy.model_executor.layers.sample.logit_bias import LogitBias, apply_logit_bias
 from fastdeploy.model_executor.layers.sample.logprobs import LogprobsArrays
 from fastdeploy.model_executor.layers.sample.penalties import PenaltyInputs, apply_bans
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
+from fastdeploy.model_executor.logits_processor.base import apply_processors
 from fastdeploy.model_executor.ops.sampling import apply_penalties_, top_k_top_p_min_p_sampling
 from fastdeploy.model_executor.ops.token_bitmask import apply_token_bitmask_
 
@@ -42,6 +51,9 @@ class SamplingMetadata:
     penalties: Optional[PenaltyInputs] = None  # None: no row has a penalty
     num_logprobs: Optional[np.ndarray] = None  # [rows] int, -1 = no logprobs for that row
     logprobs_mode: str = RAW  # RAW: before penalties/temperature; "processed_logprobs": after them
+    logit_bias: Optional[LogitBias] = None  # None: no row has a logit_bias
+    logits_processors: list = field(default_factory=list)  # LogitsProcessor instances, state updated for these rows
+    allowed: list = field(default_factory=list)  # (row, disallowed mask [vocab] bool) of rows with allowed_token_ids
     grammar_bitmask: Optional[np.ndarray] = None  # [m, ceil(vocab / 32)] int32 masks of constrained rows
     grammar_rows: Optional[np.ndarray] = None  # [m] int64 row of each mask
 
@@ -54,14 +66,18 @@ class SamplerOutput:
 
 def sample(logits, md: SamplingMetadata) -> SamplerOutput:
     """Token ids (and requested logprobs) for logits [rows, vocab] float32 (a paddle.Tensor or a
-    numpy array); the logits are overwritten (penalties and bans applied in place)."""
+    numpy array); the logits are overwritten (penalties, processors and bans applied in place)."""
     x = logits if isinstance(logits, np.ndarray) else np.from_dlpack(logits)  # [rows, vocab], in place
     rows = x.shape[0]
     wants = np.flatnonzero(md.num_logprobs >= 0) if md.num_logprobs is not None else np.zeros(0, np.int64)
     raw = x[wants] if len(wants) and md.logprobs_mode == RAW else None  # fancy index: a copy
     if md.penalties is not None:
         apply_penalties_(x, md.penalties)
+    if md.logit_bias is not None:
+        apply_logit_bias(x, md.logit_bias)
+    apply_processors(x, md.logits_processors)
     apply_bans(x, md.banned)
+    apply_allowed(x, md.allowed)
     if md.grammar_bitmask is not None:
         apply_token_bitmask_(x, md.grammar_bitmask, md.grammar_rows)
     tokens = top_k_top_p_min_p_sampling(x, md.temperature, md.top_k, md.top_p, md.min_p, md.uniforms)
