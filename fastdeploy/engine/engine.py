@@ -33,6 +33,7 @@ from fastdeploy.input.processors import make_input_processor
 from fastdeploy.output.output_processor import OutputProcessor
 from fastdeploy.platforms.cpu import reuse_freed_memory, set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
+from fastdeploy.tool_parsers import get_tool_parser
 
 logger = logging.getLogger("fastdeploy")
 
@@ -49,7 +50,8 @@ class LLMEngine:
                                    sc.enable_chunked_prefill, sc.long_prefill_token_threshold)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
-        self.output_processor = OutputProcessor(tokenizer, parser)
+        tool_parser = get_tool_parser(fd_config.tool_call_parser) if fd_config.tool_call_parser else None
+        self.output_processor = OutputProcessor(tokenizer, parser, tool_parser)
         self._next_id = 0
 
     @classmethod

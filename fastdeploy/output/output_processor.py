@@ -6,6 +6,12 @@ EOS, stop tokens, stop strings, max_tokens), turns logprobs arrays into the publ
 the scheduler) and the RequestOutputs of prompts whose `n` completions have all finished. A
 completion whose output handling raises fails alone (finish_reason "abort", error_code 500); the
 rest of the batch goes on.
+
+When a completion finishes, its text is split by the reasoning parser (if any), then the tool
+parser (if any) reads the calls in the answer that follows the thinking: `tool_calls` is filled
+and `text` keeps what the model wrote outside the calls (tool_parsers/base.py `parse_completion`).
+`skip_tool_calls` turns the tool parser off for one prompt (LLM.chat's tool_choice "none" and the
+forced kinds, which it reads itself).
 """
 from __future__ import annotations
 
@@ -24,10 +30,11 @@ logger = logging.getLogger("fastdeploy")
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, reasoning_parser=None):
+    def __init__(self, tokenizer, reasoning_parser=None, tool_parser=None):
         self.tokenizer = tokenizer
         self.token_texts = TokenTexts(tokenizer)
         self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser  # a tool_parsers.ToolParser, or None
         self.groups: dict[str, GroupState] = {}
         self.states: dict[str, RequestState] = {}  # unfinished completions by request id
 
@@ -51,6 +58,13 @@ class OutputProcessor:
                                            num_input_video_tokens=prepared.num_placeholder_tokens("video"))
         for state in completions:
             self.states[state.request_id] = state
+
+    def skip_tool_calls(self, group_id: str) -> None:
+        """Leave the tool parser out for a queued prompt: its completions keep `tool_calls` None
+        and their text as is."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            group.parse_tool_calls = False
 
     def has_unfinished(self) -> bool:
         return bool(self.states)
@@ -137,7 +151,7 @@ class OutputProcessor:
             prompt=group.prompt,
             prompt_token_ids=list(group.prompt_token_ids),
             prompt_logprobs=group.prompt_logprobs,
-            outputs=CompletionOutputs(self._completion(c, group.prompt_token_ids) for c in group.completions),
+            outputs=CompletionOutputs(self._completion(c, group) for c in group.completions),
             finished=True,
             metrics=_metrics(group),
             num_cached_tokens=group.num_cached_tokens,
@@ -147,19 +161,24 @@ class OutputProcessor:
             error_msg=errors[0] if errors else None,
         )
 
-    def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
+    def _completion(self, state: RequestState, group: GroupState) -> CompletionOutput:
         wants_logprobs = state.logprobs is not None
-        reasoning, text = None, state.detokenizer.text
+        full = reasoning_text = state.detokenizer.text
+        reasoning, tool_calls = None, None
         if self.reasoning_parser is not None:
-            reasoning, text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
-                text, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
-                prompt_token_ids)
+            reasoning, reasoning_text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
+                full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
+                group.prompt_token_ids)
+        text = reasoning_text
+        if self.tool_parser is not None and group.parse_tool_calls:
+            tool_calls, text = self.tool_parser.parse_completion(full, reasoning, reasoning_text)
         return CompletionOutput(
             index=state.index,
             send_idx=len(state.output_token_ids),
             token_ids=list(state.output_token_ids),
             text=text,
             reasoning_content=reasoning,
+            tool_calls=tool_calls,
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
             cumulative_logprob=state.cumulative_logprob if wants_logprobs else None,

@@ -44,6 +44,7 @@ class GroupState:
     num_cached_tokens: int = 0
     num_input_image_tokens: int = 0  # prompt tokens standing for images
     num_input_video_tokens: int = 0  # and for videos
+    parse_tool_calls: bool = True  # the output processor's tool parser reads its completions' calls
 
     @property
     def finished(self) -> bool:
