@@ -63,8 +63,8 @@ class OutputProcessor:
         """Leave the tool parser out for a queued prompt: its completions keep `tool_calls` None
         and their text as is."""
         group = self.groups.get(group_id)
-        if group is not None:
-            group.parse_tool_calls = False
+        for state in group.completions if group is not None else ():
+            state.parse_tool_calls = False
 
     def has_unfinished(self) -> bool:
         return bool(self.states)
@@ -151,7 +151,7 @@ class OutputProcessor:
             prompt=group.prompt,
             prompt_token_ids=list(group.prompt_token_ids),
             prompt_logprobs=group.prompt_logprobs,
-            outputs=CompletionOutputs(self._completion(c, group) for c in group.completions),
+            outputs=CompletionOutputs(self._completion(c, group.prompt_token_ids) for c in group.completions),
             finished=True,
             metrics=_metrics(group),
             num_cached_tokens=group.num_cached_tokens,
@@ -161,16 +161,16 @@ class OutputProcessor:
             error_msg=errors[0] if errors else None,
         )
 
-    def _completion(self, state: RequestState, group: GroupState) -> CompletionOutput:
+    def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
         wants_logprobs = state.logprobs is not None
         full = reasoning_text = state.detokenizer.text
         reasoning, tool_calls = None, None
         if self.reasoning_parser is not None:
             reasoning, reasoning_text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
                 full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
-                group.prompt_token_ids)
+                prompt_token_ids)
         text = reasoning_text
-        if self.tool_parser is not None and group.parse_tool_calls:
+        if self.tool_parser is not None and state.parse_tool_calls:
             tool_calls, text = self.tool_parser.parse_completion(full, reasoning, reasoning_text)
         return CompletionOutput(
             index=state.index,

@@ -26,6 +26,7 @@ class RequestState:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     error: Optional[str] = None  # set when the completion failed at run time
+    parse_tool_calls: bool = True  # the output processor's tool parser reads its calls
 
     @property
     def finished(self) -> bool:
@@ -44,7 +45,6 @@ class GroupState:
     num_cached_tokens: int = 0
     num_input_image_tokens: int = 0  # prompt tokens standing for images
     num_input_video_tokens: int = 0  # and for videos
-    parse_tool_calls: bool = True  # the output processor's tool parser reads its completions' calls
 
     @property
     def finished(self) -> bool:
