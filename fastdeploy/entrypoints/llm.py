@@ -169,13 +169,13 @@ class LLM:
         if forced:
             params = _forced_call_params(params, tools, tool_choice)
         items = [self._render_chat(c, template, chat_template_kwargs, i, tools) for i, c in enumerate(conversations)]
-        outputs = self._run(items, params, use_tqdm, what="messages", skip_tool_calls=tool_choice == "none" or forced)
-        if forced:
-            for completion in (c for output in outputs for c in output.outputs):
-                calls, text = tool_choices.parse_forced_calls(completion.text, tool_choice)
-                if calls is not None:
-                    completion.tool_calls, completion.text = calls, text
-        return outputs
+        reader = tool_choices.forced_call_reader(tool_choice) if forced else None
+
+        def read_calls(request_id: str) -> None:  # the output processor reads the forced JSON, or nothing
+            self.llm_engine.output_processor.set_tool_call_reader(request_id, reader)
+
+        return self._run(items, params, use_tqdm, what="messages",
+                         on_queued=read_calls if tool_choice == "none" or forced else None)
 
     def _render_chat(self, conversation: list[dict], template: Optional[str], chat_template_kwargs: Optional[dict],
                      index: int, tools: Optional[list[dict]] = None) -> PromptItem:
@@ -249,9 +249,8 @@ class LLM:
             return list(sampling_params)
         raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(sampling_params).__name__}")
 
-    def _run(self, items, sampling_params, use_tqdm: bool, what: str,
-             skip_tool_calls: bool = False) -> list[RequestOutput]:
-        """Validate, queue and run every item; `skip_tool_calls`: the tool_call_parser reads none of them."""
+    def _run(self, items, sampling_params, use_tqdm: bool, what: str, on_queued=None) -> list[RequestOutput]:
+        """Validate, queue and run every item; `on_queued(request_id)` is called as each is queued."""
         params = self._per_request_params(sampling_params, len(items), what)
         engine = self.llm_engine
         # every request is validated (params re-checked: fields may be edited after construction)
@@ -264,8 +263,8 @@ class LLM:
             for i, request in enumerate(requests):
                 request_id = engine.enqueue(request)
                 order[request_id] = i
-                if skip_tool_calls:
-                    engine.output_processor.skip_tool_calls(request_id)
+                if on_queued is not None:
+                    on_queued(request_id)
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     results[order[output.request_id]] = output

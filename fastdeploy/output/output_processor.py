@@ -10,8 +10,8 @@ rest of the batch goes on.
 When a completion finishes, its text is split by the reasoning parser (if any), then the tool
 parser (if any) reads the calls in the answer that follows the thinking: `tool_calls` is filled
 and `text` keeps what the model wrote outside the calls (tool_parsers/base.py `parse_completion`).
-`skip_tool_calls` turns the tool parser off for one prompt (LLM.chat's tool_choice "none" and the
-forced kinds, which it reads itself).
+`set_tool_call_reader` replaces that step for one prompt (LLM.chat's tool_choice: "none" reads
+nothing, a forced call reads the JSON its schema produced).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ class OutputProcessor:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prepared.prompt_token_ids, params.skip_special_tokens),
                 metrics=RequestMetrics(arrival_time=arrival),
                 logprobs=[] if params.logprobs is not None else None,
+                read_tool_calls=self.tool_parser.parse_completion if self.tool_parser is not None else None,
             )
             for i, request_id in enumerate(request_ids)
         ]
@@ -59,12 +60,13 @@ class OutputProcessor:
         for state in completions:
             self.states[state.request_id] = state
 
-    def skip_tool_calls(self, group_id: str) -> None:
-        """Leave the tool parser out for a queued prompt: its completions keep `tool_calls` None
-        and their text as is."""
+    def set_tool_call_reader(self, group_id: str, reader) -> None:
+        """How a queued prompt's completions get their tool calls, in place of the tool parser:
+        `reader(text, reasoning_content, answer) -> (tool_calls or None, new text)` (the signature
+        of tool_parsers' `ToolParser.parse_completion`), or None: no calls, text as is."""
         group = self.groups.get(group_id)
         for state in group.completions if group is not None else ():
-            state.parse_tool_calls = False
+            state.read_tool_calls = reader
 
     def has_unfinished(self) -> bool:
         return bool(self.states)
@@ -170,8 +172,8 @@ class OutputProcessor:
                 full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
         text = reasoning_text
-        if self.tool_parser is not None and state.parse_tool_calls:
-            tool_calls, text = self.tool_parser.parse_completion(full, reasoning, reasoning_text)
+        if state.read_tool_calls is not None:
+            tool_calls, text = state.read_tool_calls(full, reasoning, reasoning_text)
         return CompletionOutput(
             index=state.index,
             send_idx=len(state.output_token_ids),

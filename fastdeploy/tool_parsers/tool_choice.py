@@ -9,8 +9,8 @@ an empty list is None. `tool_choice` (OpenAI's values):
   `{"name": tool name, "parameters": that tool's arguments}` (`tool_choice_schema`).
 - `{"type": "function", "function": {"name": ...}}`: the output is forced to that function's
   arguments object.
-For the forced kinds the output's JSON is read back into calls by `parse_forced_calls`, not by
-the tool_call_parser (as vLLM does).
+For the forced kinds the output's JSON is read back into calls by `parse_forced_calls` (the output
+processor calls `forced_call_reader(tool_choice)` in place of the tool_call_parser), as vLLM does.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Optional, Union
 
 from fastdeploy.engine.request import ToolCall
 from fastdeploy.reasoning.base import THINK_END
+from fastdeploy.tool_parsers.base import answer_part
 
 TOOL_CHOICE_MODES = ("auto", "none", "required")
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
@@ -143,3 +144,16 @@ def parse_forced_calls(text: str, tool_choice) -> tuple[Optional[list[ToolCall]]
             for c in value):
         return None, text
     return [ToolCall.of(c["name"], c["parameters"]) for c in value], left
+
+
+def forced_call_reader(tool_choice):
+    """The output processor's tool-call step for a forced `tool_choice` (OutputProcessor
+    `set_tool_call_reader`): (text, reasoning_content, answer) -> (calls, new text), the JSON read
+    in the answer after the thinking (whatever the reasoning parser kept as its answer: ernie-x1's
+    keeps only `<response>` text); (None, answer) when it is not the forced JSON."""
+
+    def read(text: str, reasoning_content: Optional[str], answer: str):
+        calls, left = parse_forced_calls(answer_part(text, reasoning_content), tool_choice)
+        return (calls, left) if calls is not None else (None, answer)
+
+    return read

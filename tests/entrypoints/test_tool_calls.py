@@ -14,7 +14,6 @@ import jsonschema
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from fastdeploy.engine.request import CompletionOutput, CompletionOutputs, RequestMetrics, RequestOutput
 from fastdeploy.engine.sampling_params import GuidedDecodingParams
 from fastdeploy.entrypoints import chat_utils
 from fastdeploy.output.output_processor import OutputProcessor
@@ -56,6 +55,7 @@ For each function call, return a json object with function name and arguments wi
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
 HISTORY = ASK + [
     {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
@@ -117,15 +117,30 @@ def test_bad_tools_arguments_fail_before_any_work(smollm_llm, monkeypatch, kwarg
 
 
 # ---- tool_choice: what reaches the engine, and the parse-back ----------------------------------
-def fake_run(texts, seen):
-    """LLM._run replaced: records its params and skip flag, answers each conversation with `texts`."""
+def fake_run(llm, texts, seen):
+    """LLM._run with the model replaced: each prompt is queued in the real engine (its on_queued
+    hook called), and its completions get `texts`' tokens then EOS through the real output
+    processor, as engine steps would give them. Records the params and whether a hook was given."""
+    engine = llm.llm_engine
+    tokenizer, eos = llm.get_tokenizer(), llm.get_tokenizer().convert_tokens_to_ids("<|im_end|>")
 
-    def run(items, params, use_tqdm, what, skip_tool_calls=False):
-        seen.update(params=params, skip=skip_tool_calls)
-        return [RequestOutput(request_id=str(i), prompt=text, prompt_token_ids=[], finished=True,
-                              metrics=RequestMetrics(arrival_time=0.0),
-                              outputs=CompletionOutputs(CompletionOutput(index=k, text=t) for k, t in enumerate(texts)))
-                for i, (text, _, _) in enumerate(items)]
+    def run(items, params, use_tqdm, what, on_queued=None):
+        seen.update(params=params, hooked=on_queued is not None)
+        outputs = []
+        for i, ((text, ids, mm), p) in enumerate(zip(items, params)):
+            request_id = engine.enqueue(engine.make_request(text, ids, p, i, mm))
+            if on_queued is not None:
+                on_queued(request_id)
+            streams = {s.request_id: tokenizer.encode(t, add_special_tokens=False) + [eos]
+                       for s, t in zip(engine.output_processor.groups[request_id].completions, texts)}
+            for state in engine.output_processor.groups[request_id].completions:
+                engine.output_processor.on_scheduled(state.request_id, 0.0, None)
+            for step in range(max(map(len, streams.values()))):
+                finished, done = engine.output_processor.process(ModelRunnerOutput(
+                    sampled_token_ids={r: s[step] for r, s in streams.items() if step < len(s)}))
+                engine.scheduler.finish_requests(finished)
+                outputs += done
+        return outputs
 
     return run
 
@@ -144,10 +159,10 @@ def test_forced_tool_choice_constrains_each_request_and_parses_the_json(smollm_l
     for answer in answers:  # what the constrained output is: JSON valid under the schema
         jsonschema.validate(json.loads(answer), schema)
     seen = {}
-    monkeypatch.setattr(smollm_llm, "_run", fake_run(answers, seen))
+    monkeypatch.setattr(smollm_llm, "_run", fake_run(smollm_llm, answers, seen))
     mine = SamplingParams(n=2, temperature=0.5, max_tokens=64)
     outs = smollm_llm.chat([ASK, ASK], mine, chat_template=QWEN_STYLE, tools=TOOLS, tool_choice=choice, use_tqdm=False)
-    assert seen["skip"] is True  # the tool_call_parser reads none of them
+    assert seen["hooked"]
     for p in seen["params"]:
         assert p.guided_decoding == GuidedDecodingParams(json=schema) and (p.n, p.temperature, p.max_tokens) == (2, 0.5, 64)
     assert mine.guided_decoding is None  # the caller's params are left alone
@@ -157,8 +172,19 @@ def test_forced_tool_choice_constrains_each_request_and_parses_the_json(smollm_l
         assert got == expected and [c.text for c in out.outputs] == ["", ""]
 
 
+def test_forced_output_is_read_after_a_reasoning_split_that_drops_it(smollm_llm, monkeypatch):
+    # ernie-x1's reasoning parser keeps only <response> text as the answer: the forced JSON after
+    # </think> is still read
+    monkeypatch.setattr(smollm_llm.llm_engine.output_processor, "reasoning_parser", get_reasoning_parser("ernie-x1"))
+    monkeypatch.setattr(smollm_llm, "_run", fake_run(smollm_llm, ['plan\n</think>\n\n{"city": "Paris"}'], {}))
+    out = smollm_llm.chat(ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                          chat_template=QWEN_STYLE, use_tqdm=False)[0].outputs[0]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert (out.reasoning_content, out.text) == ("plan\n", "")
+
+
 def test_forced_output_that_is_not_a_call_keeps_its_text(smollm_llm, monkeypatch):
-    monkeypatch.setattr(smollm_llm, "_run", fake_run(['[{"name": "now", "para'], {}))
+    monkeypatch.setattr(smollm_llm, "_run", fake_run(smollm_llm, ['[{"name": "now", "para'], {}))
     out = smollm_llm.chat(ASK, tools=TOOLS, tool_choice="required", chat_template=QWEN_STYLE, use_tqdm=False)[0]
     assert out.outputs[0].tool_calls is None and out.outputs[0].text == '[{"name": "now", "para'
 
@@ -170,13 +196,17 @@ def test_forced_tool_choice_refuses_a_request_that_has_its_own_constraint(smollm
         smollm_llm.chat([ASK, ASK], params, tools=TOOLS, tool_choice="required", chat_template=QWEN_STYLE, use_tqdm=False)
 
 
-@pytest.mark.parametrize("choice, skip", [(None, False), ("none", True)])
-def test_unforced_tool_choice_adds_no_constraint(smollm_llm, monkeypatch, choice, skip):
+@pytest.mark.parametrize("choice, calls", [(None, True), ("none", False)])
+def test_unforced_tool_choice_adds_no_constraint(smollm_llm, monkeypatch, choice, calls):
+    monkeypatch.setattr(smollm_llm.llm_engine.output_processor, "tool_parser", get_tool_parser("qwen3"))
     seen = {}
-    monkeypatch.setattr(smollm_llm, "_run", fake_run(["plain"], seen))
+    monkeypatch.setattr(smollm_llm, "_run", fake_run(smollm_llm, [f"Sure.\n{CALL}"], seen))
     out = smollm_llm.chat(ASK, tools=TOOLS, tool_choice=choice, chat_template=QWEN_STYLE, use_tqdm=False)[0]
-    assert seen["skip"] is skip and seen["params"][0].guided_decoding is None
-    assert out.outputs[0].tool_calls is None and out.outputs[0].text == "plain"
+    assert seen["params"][0].guided_decoding is None
+    if calls:  # the engine's tool_call_parser reads it
+        assert [c.function.name for c in out.outputs[0].tool_calls] == ["get_weather"] and out.outputs[0].text == "Sure."
+    else:  # "none": nothing parsed
+        assert out.outputs[0].tool_calls is None and out.outputs[0].text == f"Sure.\n{CALL}"
 
 
 # ---- the output processor ------------------------------------------------------------------------
@@ -192,7 +222,7 @@ def finish(processor, tokenizer, texts, eos, skip=False):
     for i in ids:
         processor.on_scheduled(i, 0.0, None)
     if skip:
-        processor.skip_tool_calls("r")
+        processor.set_tool_call_reader("r", None)
     streams = {i: tokenizer.encode(t, add_special_tokens=False) + [eos] for i, t in zip(ids, texts)}
     outputs = []
     for step in range(max(map(len, streams.values()))):
@@ -201,9 +231,6 @@ def finish(processor, tokenizer, texts, eos, skip=False):
         outputs += done
     assert len(outputs) == 1
     return outputs[0]
-
-
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
 
 
 def test_output_processor_fills_tool_calls_after_the_reasoning_split(smollm_llm):

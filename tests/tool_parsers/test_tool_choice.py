@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from fastdeploy.tool_parsers.tool_choice import (
+    forced_call_reader,
     parse_forced_calls,
     tool_choice_schema,
     validate_tool_choice,
@@ -174,3 +175,14 @@ def test_thinking_before_the_forced_json_stays_in_the_text():
 ])
 def test_output_that_is_not_the_forced_json_gives_no_calls(text, choice):
     assert parse_forced_calls(text, choice) == (None, text)
+
+
+def test_forced_call_reader_reads_the_answer_after_the_thinking():
+    read = forced_call_reader("required")
+    full = 'plan\n</think>\n\n[{"name": "now", "parameters": {}}]'
+    # a reasoning parser split "plan\n" off and kept no answer (ernie-x1 keeps only <response> text)
+    calls, text = read(full, "plan\n", "")
+    assert names_and_arguments(calls) == [("now", {})] and text == ""
+    calls, text = read(full, None, full)  # no reasoning parser: the thinking stays in the text
+    assert names_and_arguments(calls) == [("now", {})] and text == "plan\n</think>"
+    assert read("plan\n</think>\n\n[{", "plan\n", "[{") == (None, "[{")  # cut off: the answer as it was
