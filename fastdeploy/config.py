@@ -160,6 +160,7 @@ class FDConfig:
     max_logprobs: Optional[int] = 20  # most logprobs a request may ask for; -1 = vocabulary; None = off
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs", see EngineArgs
     reasoning_parser: Optional[str] = None  # a name of fastdeploy.reasoning, or None
+    tool_call_parser: Optional[str] = None  # a name of fastdeploy.tool_parsers, or None
     mm_processor_kwargs: Optional[dict] = None  # multimodal preprocessing settings (input/vl_processor.py)
     limit_mm_per_prompt: Optional[dict] = None  # items per prompt per modality, merged over 1 each
     tensor_parallel_size: int = 1  # ranks the model is split over (worker processes when > 1)

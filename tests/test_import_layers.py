@@ -33,6 +33,7 @@ LAYERS = [
     ("executor", ["fastdeploy.executor"]),
     ("worker", ["fastdeploy.worker"]),
     ("tensor parallelism", ["fastdeploy.distributed"]),
+    ("tool parsers", ["fastdeploy.tool_parsers"]),
     ("reasoning", ["fastdeploy.reasoning"]),
     ("output", ["fastdeploy.output"]),
     ("model", ["fastdeploy.model_executor"]),

@@ -15,6 +15,7 @@ from typing import Optional
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
 from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.reasoning import get_reasoning_parser
+from fastdeploy.tool_parsers import get_tool_parser
 
 logger = logging.getLogger("fastdeploy")
 
@@ -78,6 +79,11 @@ class EngineArgs:
         reasoning_parser: split each completion into `reasoning_content` and `text` by a model
             family's rules: "qwen3", "ernie-45-vl", "ernie-45-vl-thinking", "ernie-x1"
             (underscores accepted); see fastdeploy/reasoning/. None: `text` is the whole output.
+        tool_call_parser: read each completion's tool calls into `outputs.tool_calls` by a model
+            family's format: "ernie-x1", "ernie-45-vl-thinking", "qwen3", "hermes" (underscores
+            accepted); `text` then keeps what was written outside the calls. See
+            fastdeploy/tool_parsers/. None: no calls are parsed (`LLM.chat`'s forced tool_choice
+            kinds still give calls).
         logprobs_mode: which logits logprobs are taken from: "raw_logprobs" (default, FastDeploy's
             and vLLM's: the model's logits, before penalties, masks and temperature) or
             "processed_logprobs" (after penalties, masks and temperature; before top-k/top-p/min-p).
@@ -162,6 +168,7 @@ class EngineArgs:
     max_logprobs: int = 20
     logprobs_mode: str = "raw_logprobs"
     reasoning_parser: Optional[str] = None
+    tool_call_parser: Optional[str] = None
     mm_processor_kwargs: Optional[dict] = None
     limit_mm_per_prompt: Optional[dict] = None
     enable_mm: Optional[bool] = None
@@ -227,6 +234,8 @@ class EngineArgs:
             raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)} or None, got {self.quantization!r}")
         if self.reasoning_parser is not None:
             get_reasoning_parser(self.reasoning_parser)  # ValueError listing the valid names
+        if self.tool_call_parser is not None:
+            get_tool_parser(self.tool_call_parser)  # ValueError listing the valid names
         if not isinstance(self.enable_logprob, bool):
             raise TypeError(f"enable_logprob must be True or False, got {self.enable_logprob!r}")
         positive_int("long_prefill_token_threshold", 0)
@@ -340,6 +349,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs if self.enable_logprob else None,
             logprobs_mode=self.logprobs_mode,
             reasoning_parser=self.reasoning_parser,
+            tool_call_parser=self.tool_call_parser,
             mm_processor_kwargs=self.mm_processor_kwargs,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             tensor_parallel_size=self.tensor_parallel_size,

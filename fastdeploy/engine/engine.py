@@ -36,6 +36,7 @@ from fastdeploy.output.output_processor import OutputProcessor
 from fastdeploy.platforms.cpu import reuse_freed_memory, set_paddle_threads
 from fastdeploy.reasoning import get_reasoning_parser
 from fastdeploy.structured_output import StructuredOutputManager
+from fastdeploy.tool_parsers import get_tool_parser
 
 logger = logging.getLogger("fastdeploy")
 
@@ -52,7 +53,8 @@ class LLMEngine:
                                    sc.enable_chunked_prefill, sc.long_prefill_token_threshold)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
-        self.output_processor = OutputProcessor(tokenizer, parser)
+        tool_parser = get_tool_parser(fd_config.tool_call_parser) if fd_config.tool_call_parser else None
+        self.output_processor = OutputProcessor(tokenizer, parser, tool_parser)
         self.structured_output = StructuredOutputManager(
             fd_config.guided_decoding_backend, tokenizer, fd_config.model_config.vocab_size, self.eos_token_ids,
             fd_config.guided_decoding_disable_any_whitespace, reasoning=parser is not None)

@@ -8,6 +8,8 @@ FastDeploy's `output.outputs.text` and vLLM's `output.outputs[0].text` / `for c 
 from __future__ import annotations
 
 import enum
+import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -31,6 +33,46 @@ class Logprob:
 
 # Per position, {token_id: Logprob} of the top-k tokens plus the actual token.
 LogprobsDict = dict[int, Logprob]
+
+
+@dataclass
+class FunctionCall:
+    """The function of one tool call (OpenAI's `tool_calls[i].function`).
+
+    Attributes:
+        name: the function's name, as the model wrote it.
+        arguments: the arguments as JSON text (a JSON object; non-ASCII characters kept as they are,
+            not \\u-escaped); `json.loads(arguments)` gives the dict.
+    """
+
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass
+class ToolCall:
+    """One tool call of a completion (OpenAI's `tool_calls[i]`: id, type, function).
+
+    Attributes:
+        function: the called function's name and JSON arguments.
+        id: "call_" + 32 random hex digits (OpenAI's and vLLM's form), unique per call.
+        type: always "function".
+    """
+
+    function: FunctionCall
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex}")
+    type: str = "function"
+
+    @classmethod
+    def of(cls, name: str, arguments) -> "ToolCall":
+        """A call of function `name` with `arguments` (a dict, or any JSON value) serialised as JSON
+        with ensure_ascii=False."""
+        return cls(function=FunctionCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False)))
+
+    def to_dict(self) -> dict:
+        """OpenAI's dict: {"id", "type": "function", "function": {"name", "arguments"}}."""
+        return {"id": self.id, "type": self.type,
+                "function": {"name": self.function.name, "arguments": self.function.arguments}}
 
 
 class RequestStatus(enum.Enum):
@@ -71,6 +113,10 @@ class CompletionOutput:
         text: detokenized `token_ids`; a stop string, or the text of the EOS or stop token that
             ended the request, left out unless `include_stop_str_in_output`.
         reasoning_content: chain-of-thought text split off by a reasoning parser, else None.
+        tool_calls: the tool calls parsed from the answer (`LLM(tool_call_parser=...)`, or
+            `LLM.chat(tool_choice="required" | a named function)`), OpenAI's shape; None when none
+            was parsed. When calls are parsed, `text` is the answer without the call blocks
+            ("" when nothing else was said); see fastdeploy/tool_parsers/.
         finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or
             max_model_len) or "abort"; None while unfinished.
         stop_reason: the stop string or stop token id that matched; None for EOS or length.
@@ -85,6 +131,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     cumulative_logprob: Optional[float] = None

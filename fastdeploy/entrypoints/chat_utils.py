@@ -1,4 +1,12 @@
-"""Chat messages: validation and rendering with the model's (or a given) Jinja chat template."""
+"""Chat messages: validation and rendering with the model's (or a given) Jinja chat template.
+
+Tool use (OpenAI's message shapes): an assistant message may carry `tool_calls` (a list of
+`{"id"?, "type": "function", "function": {"name": str, "arguments": JSON str or dict}}`, content
+None or text) and a `{"role": "tool", "content": str, "tool_call_id"?: str}` message gives a call's
+result. For the template, string arguments are parsed into dicts (templates write them with
+`tojson`; vLLM does the same), and the call's tools are passed as `tools=`.
+"""
+import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -34,6 +42,37 @@ def validate_conversation(conversation, index: int, multimodal: bool = False) ->
                 _validate_part(part, where, multimodal)
         elif not isinstance(content, str) and not (content is None and message["role"] == "assistant"):
             raise TypeError(f"{where}: 'content' must be a str or a list of text parts, got {type(content).__name__}")
+        if message.get("tool_calls") is not None:
+            _validate_tool_calls(message, where)
+
+
+def _validate_tool_calls(message: dict, where: str) -> None:
+    """An assistant message's `tool_calls`: a list of {"type": "function", "function": {"name": str,
+    "arguments": JSON object text or dict}}."""
+    calls = message["tool_calls"]
+    if message["role"] != "assistant":
+        raise ValueError(f"{where}: only assistant messages carry 'tool_calls', got role {message['role']!r}")
+    if not isinstance(calls, list):
+        raise TypeError(f"{where}: 'tool_calls' must be a list of calls, got {type(calls).__name__}")
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}, tool_calls[{k}]: needs {{'type': 'function', 'function': {{'name': str, "
+                             f"'arguments': str}}}}, got {str(call)[:200]}")
+        _call_arguments(function.get("arguments", {}), f"{where}, tool_calls[{k}]")
+
+
+def _call_arguments(arguments, where: str) -> dict:
+    """A call's arguments as a dict (JSON object text is parsed)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as e:
+            raise ValueError(f"{where}: 'arguments' is not valid JSON ({e}): {arguments[:200]!r}") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"{where}: 'arguments' must be a JSON object (str or dict), got {str(arguments)[:200]}")
+    return arguments
 
 
 def _validate_part(part, where: str, multimodal: bool) -> None:
@@ -67,7 +106,7 @@ def media_parts(conversation: list[dict]) -> list[tuple[str, str]]:
 
 
 # arguments render_conversation passes to apply_chat_template itself
-RENDER_ARGUMENTS = ("conversation", "chat_template", "tokenize", "add_generation_prompt")
+RENDER_ARGUMENTS = ("conversation", "chat_template", "tokenize", "add_generation_prompt", "tools")
 
 
 def validate_template_kwargs(kwargs: Optional[dict]) -> None:
@@ -79,16 +118,24 @@ def validate_template_kwargs(kwargs: Optional[dict]) -> None:
             raise ValueError(f"chat_template_kwargs must not set {key!r}: chat() sets {', '.join(RENDER_ARGUMENTS)}")
 
 
-def _flatten_text_parts(conversation: list[dict]) -> list[dict]:
-    """Turn OpenAI-style text parts into plain strings (templates of text models expect strings);
-    content holding image/video parts stays a list for the template to place them."""
+def _template_messages(conversation: list[dict]) -> list[dict]:
+    """Messages as templates expect them: OpenAI-style text parts joined into plain strings
+    (content holding image/video parts stays a list for the template to place them), tool calls'
+    arguments as dicts."""
     flat = []
     for message in conversation:
         content = message.get("content")
         if isinstance(content, list) and all(part["type"] == "text" for part in content):
             message = {**message, "content": "".join(part["text"] for part in content)}
+        if message.get("tool_calls"):
+            message = {**message, "tool_calls": [_template_call(call) for call in message["tool_calls"]]}
         flat.append(message)
     return flat
+
+
+def _template_call(call: dict) -> dict:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": _call_arguments(function.get("arguments", {}), "")}}
 
 
 TEMPLATE_SUFFIXES = (".jinja", ".j2", ".jinja2")
@@ -158,8 +205,10 @@ def _syntax_env() -> jinja2.Environment:
 
 
 def render_conversation(tokenizer, conversation: list[dict], chat_template: Optional[str],
-                        chat_template_kwargs: Optional[dict], index: int = 0) -> str:
-    """The prompt text: template applied with the generation prompt and the extra kwargs.
+                        chat_template_kwargs: Optional[dict], index: int = 0,
+                        tools: Optional[list[dict]] = None) -> str:
+    """The prompt text: template applied with the generation prompt, the validated `tools`
+    (the template's `tools` variable; None when there are none) and the extra kwargs.
 
     The template is `chat_template` or else the tokenizer's. A Jinja error while rendering
     (a syntax error, the template's `raise_exception(message)`, an undefined call) raises
@@ -170,10 +219,11 @@ def render_conversation(tokenizer, conversation: list[dict], chat_template: Opti
     source = "chat_template" if chat_template else "the model's chat_template"
     try:
         return tokenizer.apply_chat_template(
-            _flatten_text_parts(conversation),
+            _template_messages(conversation),
             chat_template=template,
             tokenize=False,
             add_generation_prompt=True,
+            tools=tools,
             **(chat_template_kwargs or {}),
         )
     except jinja2.TemplateSyntaxError as e:

@@ -21,10 +21,11 @@ from tqdm import tqdm
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import RequestOutput
-from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams
 from fastdeploy.engine.warmup import warm_up
 from fastdeploy.entrypoints import chat_utils
 from fastdeploy.input.input_processor import check_text
+from fastdeploy.tool_parsers import tool_choice as tool_choices
 
 logger = logging.getLogger("fastdeploy")
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
@@ -119,6 +120,8 @@ class LLM:
         use_tqdm: bool = True,
         chat_template_kwargs: Optional[dict] = None,
         chat_template: Optional[str] = None,
+        tools: Union[dict, list[dict], None] = None,
+        tool_choice: Union[str, dict, None] = None,
     ) -> list[RequestOutput]:
         """Answer one conversation (list of message dicts) or a batch (list of conversations).
 
@@ -131,14 +134,28 @@ class LLM:
         For a multimodal model, content parts may be {"type": "image_url", "image_url": {"url": ...}}
         and {"type": "video_url", "video_url": {"url": ...}} with file://, data: (base64), plain local
         path or http(s) URLs (multimodal/media.py); they count against `limit_mm_per_prompt`.
+
+        Tools: `tools` (a tool dict or a list, `{"type": "function", "function": {"name",
+        "description"?, "parameters"?}}`) reach the template as its `tools` variable, for every
+        conversation. `tool_choice`: None or "auto" (the `LLM(tool_call_parser=...)` reads the calls;
+        "auto" without one is a ValueError), "none" (nothing parsed), "required" or
+        `{"type": "function", "function": {"name": ...}}` (the output is forced by a JSON schema to
+        calls, read back into `outputs.tool_calls`; a sampling_params with its own guided_decoding
+        is then a ValueError). Assistant messages may carry `tool_calls`, and "tool" messages give
+        results (chat_utils). See fastdeploy/tool_parsers/tool_choice.py and docs/offline_inference.md.
         """
         with self._serialised("chat"):
-            return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template)
+            return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template,
+                              tools, tool_choice)
 
-    def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template):
+    def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template, tools, tool_choice):
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise TypeError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
         chat_utils.validate_template_kwargs(chat_template_kwargs)
+        tools = tool_choices.validate_tools(tools)
+        tool_choice = tool_choices.validate_tool_choice(tool_choice, tools)
+        if tool_choice == "auto" and not self.llm_engine.config.tool_call_parser:
+            raise ValueError("tool_choice='auto' needs a tool call parser: LLM(tool_call_parser=...)")
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"messages must be a non-empty list of message dicts or of conversations, got {messages!r}")
         conversations = [messages] if chat_utils.is_conversation(messages) else messages
@@ -147,11 +164,21 @@ class LLM:
             chat_utils.validate_conversation(conversation, i, engine.input_processor.accepts_multimodal)
             _check_message_texts(conversation, i)
         template = chat_utils.load_chat_template(chat_template) or self.chat_template
-        items = [self._render_chat(c, template, chat_template_kwargs, i) for i, c in enumerate(conversations)]
-        return self._run(items, sampling_params, use_tqdm, what="messages")
+        params = self._per_request_params(sampling_params, len(conversations), "messages")
+        forced = tool_choices.forces_call(tool_choice)
+        if forced:
+            params = _forced_call_params(params, tools, tool_choice)
+        items = [self._render_chat(c, template, chat_template_kwargs, i, tools) for i, c in enumerate(conversations)]
+        reader = tool_choices.forced_call_reader(tool_choice) if forced else None
+
+        def read_calls(request_id: str) -> None:  # the output processor reads the forced JSON, or nothing
+            self.llm_engine.output_processor.set_tool_call_reader(request_id, reader)
+
+        return self._run(items, params, use_tqdm, what="messages",
+                         on_queued=read_calls if tool_choice == "none" or forced else None)
 
     def _render_chat(self, conversation: list[dict], template: Optional[str], chat_template_kwargs: Optional[dict],
-                     index: int) -> PromptItem:
+                     index: int, tools: Optional[list[dict]] = None) -> PromptItem:
         """(prompt text, None, images/videos) of one validated conversation: the template (or the model's)
         applied with the generation prompt; the input processor tokenizes it without special tokens.
         Media parts are counted against the limits, then fetched (all before any request is queued)."""
@@ -159,7 +186,8 @@ class LLM:
         parts = chat_utils.media_parts(conversation)
         if parts and not processor.accepts_multimodal:
             raise ValueError(f"conversation {index} holds image/video parts, but this model takes text only")
-        text = chat_utils.render_conversation(self.get_tokenizer(), conversation, template, chat_template_kwargs, index)
+        text = chat_utils.render_conversation(self.get_tokenizer(), conversation, template, chat_template_kwargs, index,
+                                              tools)
         if not parts:
             return text, None, None
         processor.check_limits({m: sum(1 for kind, _ in parts if kind == m) for m in ("image", "video")}, index)
@@ -221,7 +249,8 @@ class LLM:
             return list(sampling_params)
         raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(sampling_params).__name__}")
 
-    def _run(self, items, sampling_params, use_tqdm: bool, what: str) -> list[RequestOutput]:
+    def _run(self, items, sampling_params, use_tqdm: bool, what: str, on_queued=None) -> list[RequestOutput]:
+        """Validate, queue and run every item; `on_queued(request_id)` is called as each is queued."""
         params = self._per_request_params(sampling_params, len(items), what)
         engine = self.llm_engine
         # every request is validated (params re-checked: fields may be edited after construction)
@@ -232,7 +261,10 @@ class LLM:
         bar = _ProgressBar(len(items)) if use_tqdm else None
         try:
             for i, request in enumerate(requests):
-                order[engine.enqueue(request)] = i
+                request_id = engine.enqueue(request)
+                order[request_id] = i
+                if on_queued is not None:
+                    on_queued(request_id)
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     results[order[output.request_id]] = output
@@ -279,6 +311,21 @@ def _check_message_texts(conversation: list[dict], index: int) -> None:
                                                             if part["type"] == "text"]
         for text in texts:
             check_text(text, f"conversation {index}, message {j}: 'content'")
+
+
+def _forced_call_params(params: list[SamplingParams], tools: list[dict], tool_choice) -> list[SamplingParams]:
+    """Copies of `params` whose output follows tool_choice's JSON schema (tool_parsers/tool_choice.py);
+    ValueError where one already has a guided_decoding constraint."""
+    schema = tool_choices.tool_choice_schema(tools, tool_choice)
+    for i, p in enumerate(params):
+        if p.guided_decoding is not None and p.guided_decoding.kind is not None:
+            raise ValueError(f"the sampling_params of conversation {i} have guided_decoding ({p.guided_decoding.kind}), "
+                             f"but tool_choice={tool_choice!r} constrains the output itself; give one or the other")
+    forced = []
+    for p in params:
+        guided = GuidedDecodingParams(json=schema)
+        forced.append(p.clone(guided_decoding=guided, structured_outputs=guided))
+    return forced
 
 
 def _is_token_id(value) -> bool:

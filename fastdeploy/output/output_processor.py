@@ -6,6 +6,12 @@ EOS, stop tokens, stop strings, max_tokens), turns logprobs arrays into the publ
 the scheduler) and the RequestOutputs of prompts whose `n` completions have all finished. A
 completion whose output handling raises fails alone (finish_reason "abort", error_code 500); the
 rest of the batch goes on.
+
+When a completion finishes, its text is split by the reasoning parser (if any), then the tool
+parser (if any) reads the calls in the answer that follows the thinking: `tool_calls` is filled
+and `text` keeps what the model wrote outside the calls (tool_parsers/base.py `parse_completion`).
+`set_tool_call_reader` replaces that step for one prompt (LLM.chat's tool_choice: "none" reads
+nothing, a forced call reads the JSON its schema produced).
 """
 from __future__ import annotations
 
@@ -24,10 +30,11 @@ logger = logging.getLogger("fastdeploy")
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, reasoning_parser=None):
+    def __init__(self, tokenizer, reasoning_parser=None, tool_parser=None):
         self.tokenizer = tokenizer
         self.token_texts = TokenTexts(tokenizer)
         self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser  # a tool_parsers.ToolParser, or None
         self.groups: dict[str, GroupState] = {}
         self.states: dict[str, RequestState] = {}  # unfinished completions by request id
 
@@ -41,6 +48,7 @@ class OutputProcessor:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, prepared.prompt_token_ids, params.skip_special_tokens),
                 metrics=RequestMetrics(arrival_time=arrival),
                 logprobs=[] if params.logprobs is not None else None,
+                read_tool_calls=self.tool_parser.parse_completion if self.tool_parser is not None else None,
             )
             for i, request_id in enumerate(request_ids)
         ]
@@ -51,6 +59,14 @@ class OutputProcessor:
                                            num_input_video_tokens=prepared.num_placeholder_tokens("video"))
         for state in completions:
             self.states[state.request_id] = state
+
+    def set_tool_call_reader(self, group_id: str, reader) -> None:
+        """How a queued prompt's completions get their tool calls, in place of the tool parser:
+        `reader(text, reasoning_content, answer) -> (tool_calls or None, new text)` (the signature
+        of tool_parsers' `ToolParser.parse_completion`), or None: no calls, text as is."""
+        group = self.groups.get(group_id)
+        for state in group.completions if group is not None else ():
+            state.read_tool_calls = reader
 
     def has_unfinished(self) -> bool:
         return bool(self.states)
@@ -155,17 +171,22 @@ class OutputProcessor:
 
     def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
         wants_logprobs = state.logprobs is not None
-        reasoning, text = None, state.detokenizer.text
+        full = reasoning_text = state.detokenizer.text
+        reasoning, tool_calls = None, None
         if self.reasoning_parser is not None:
-            reasoning, text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
-                text, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
+            reasoning, reasoning_text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
+                full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
+        text = reasoning_text
+        if state.read_tool_calls is not None:
+            tool_calls, text = state.read_tool_calls(full, reasoning, reasoning_text)
         return CompletionOutput(
             index=state.index,
             send_idx=len(state.output_token_ids),
             token_ids=list(state.output_token_ids),
             text=text,
             reasoning_content=reasoning,
+            tool_calls=tool_calls,
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
             cumulative_logprob=state.cumulative_logprob if wants_logprobs else None,

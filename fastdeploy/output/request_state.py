@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from fastdeploy.engine.request import RequestMetrics
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -26,6 +26,7 @@ class RequestState:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     error: Optional[str] = None  # set when the completion failed at run time
+    read_tool_calls: Optional[Callable] = None  # (text, reasoning, answer) -> (tool_calls, text); None: no calls
 
     @property
     def finished(self) -> bool:
