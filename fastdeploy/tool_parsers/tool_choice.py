@@ -98,10 +98,12 @@ def tool_choice_schema(tools: list[dict], tool_choice) -> Optional[dict]:
 
     "required": `{"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [one per
     tool: {"properties": {"name": {"type": "string", "enum": [its name]}, "parameters": its
-    parameters schema}, "required": ["name", "parameters"]}]}}`; the tools' `$defs` are moved to
+    parameters schema}, "required": ["name", "parameters"], "additionalProperties": false}]}}` (vLLM's
+    schema, with the call objects closed: a call holds its name and parameters, nothing else, which
+    keeps a small model from inventing keys); the tools' `$defs` are moved to
     the root (a `#/$defs/...` reference is read from the root), a name defined differently by two
     tools is a ValueError. A named function: that function's parameters schema (a tool without
-    one takes any object). This is vLLM's schema for both.
+    one takes any object).
     """
     if not forces_call(tool_choice):
         return None
@@ -117,7 +119,7 @@ def tool_choice_schema(tools: list[dict], tool_choice) -> Optional[dict]:
                                  "one); tool_choice='required' puts all definitions in one schema")
             defs[key] = definition
         variants.append({"properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
-                         "required": ["name", "parameters"]})
+                         "required": ["name", "parameters"], "additionalProperties": False})
     schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
     if defs:
         schema[DEFS_KEY] = defs

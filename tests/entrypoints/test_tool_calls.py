@@ -276,3 +276,32 @@ def test_llm_hands_the_configured_parser_to_the_output_processor(smollm_path):
         assert out.outputs[0].tool_calls is None and out.outputs[0].text  # no call block: text as generated
     finally:
         llm.shutdown()
+
+
+CITY_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_calls_round_trip_through_the_grammar(smollm_llm, choice):
+    """Real constrained generation: the output validates under tool_choice_schema, and the parsed
+    tool_calls hold exactly the calls the generated JSON holds (greedy, and sampled with n = 2)."""
+    tools = [CITY_TOOL, NOW]
+    schema = tool_choice_schema(tools, choice)
+    params = [SamplingParams(temperature=0, max_tokens=160),
+              SamplingParams(n=2, temperature=0.8, seed=4, max_tokens=160)]
+    outs = smollm_llm.chat([ASK, ASK], params, chat_template=QWEN_STYLE, tools=tools, tool_choice=choice,
+                           use_tqdm=False)
+    completions = [c for out in outs for c in out.outputs]
+    assert len(completions) == 3
+    for c in completions:
+        assert c.finish_reason == "stop", c.text
+        generated = json.loads(smollm_llm.get_tokenizer().decode(c.token_ids, skip_special_tokens=True))
+        jsonschema.validate(generated, schema)
+        expected = ([(call["name"], call["parameters"]) for call in generated] if choice == "required"
+                    else [("get_weather", generated)])
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in c.tool_calls] == expected
+        assert all(t.id.startswith("call_") and t.type == "function" for t in c.tool_calls)

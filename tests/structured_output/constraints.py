@@ -1,8 +1,6 @@
-"""Fixtures of the structured-output tests: constraints the default model can satisfy within a few
+"""Shared by the structured-output tests: constraints the default model can satisfy within a few
 hundred tokens, and JSON checks that do not trust our own output."""
 import json
-
-import pytest
 
 # bounded strings and arrays: a completion under this schema always fits max_tokens=200
 PERSON = {
@@ -57,7 +55,3 @@ def whitespace_runs_outside_strings(text: str) -> list[str]:
         runs.append(current)
     return runs
 
-
-@pytest.fixture(scope="session")
-def person_schema():
-    return PERSON

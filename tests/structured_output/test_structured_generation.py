@@ -5,7 +5,7 @@ import json
 import re
 
 import pytest
-from conftest import IPV4, PERSON, PERSON_CHAT, validate_json, whitespace_runs_outside_strings
+from constraints import IPV4, PERSON, PERSON_CHAT, validate_json, whitespace_runs_outside_strings
 from helpers import assert_engine_idle, chat, run
 
 from fastdeploy import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
