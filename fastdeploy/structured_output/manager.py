@@ -29,7 +29,7 @@ import numpy as np
 from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams
 from fastdeploy.engine.sched.output import GrammarBitmask
 from fastdeploy.structured_output.grammar import GrammarSpec, grammar_spec
-from fastdeploy.structured_output.reasoning_end import ReasoningEnd
+from fastdeploy.structured_output.reasoning_end import TAIL_TOKENS, ReasoningEnd
 
 CACHE_SIZE = 1024  # compiled grammars kept (each a template matcher: its lexer and parser tables)
 
@@ -158,7 +158,7 @@ class StructuredOutputManager:
             if grammar is None:
                 continue
             if not grammar.reasoning_ended:  # thinking: unconstrained; the closing token is not fed
-                grammar.tail = (grammar.tail + [token_id])[-len(self.reasoning_end.end):]
+                grammar.tail = (grammar.tail + [token_id])[-TAIL_TOKENS:]
                 grammar.reasoning_ended = self.reasoning_end.closes(grammar.tail)
                 continue
             if not self.backend.accept_token(grammar.matcher, token_id):

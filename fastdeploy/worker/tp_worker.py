@@ -121,9 +121,9 @@ class TensorParallelModelRunner(ModelRunner):
         super().__init__(fd_config, model, samples=group.rank == 0)
         self.group = group
 
-    def _sample(self, logits, samplers):
-        if self.group.rank == 0:
-            tokens, logprobs = super()._sample(logits, samplers)
+    def _sample(self, logits, samplers, grammar):
+        if self.group.rank == 0:  # the only rank that samples, so the only one that masks
+            tokens, logprobs = super()._sample(logits, samplers, grammar)
             ids = as_paddle(np.asarray(tokens, dtype=np.int64))
         else:
             ids, logprobs = paddle.zeros([len(samplers)], dtype="int64"), [None] * len(samplers)
