@@ -12,7 +12,8 @@ Input line (one JSON object per line)::
 The accepted keys, how they map to SamplingParams, the output shapes and the error codes are
 listed in docs/batch_format.md. In short: chat bodies need `messages`, completion bodies one
 `prompt` (a str or token ids; several prompts in one request are rejected); OpenAI's and vLLM's
-sampling keys map to SamplingParams; `model`, `user`, `stream` (false only) and `stream_options`
+sampling keys map to SamplingParams; the output-control keys (response_format, guided_*,
+structured_outputs, logit_bias, tools...) are mapped by constraints.py; `model`, `user`, `stream` (false only) and `stream_options`
 are accepted and ignored (`model` is echoed); any other key is rejected, naming it.
 
 Output line of a success (`response_record`)::
