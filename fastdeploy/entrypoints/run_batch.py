@@ -7,7 +7,7 @@ Input lines are OpenAI batch requests (`/v1/chat/completions`, `/v1/completions`
 OpenAI batch outputs, appended as requests finish. Run the same command again after a crash: it
 skips what is answered and finishes the rest (entrypoints/batch/runner.py). Every `LLM(...)`
 keyword is a `--kebab-case` flag (`--max-model-len 4096`, `--no-enable-prefix-caching`, dicts as JSON:
-`--limit-mm-per-prompt '{"image": 4}'`). `-i -` reads
+`--limit-mm-per-prompt '{"image": 4}'`, lists too: `--logits-processors '["LogitBiasLogitsProcessor"]'`). `-i -` reads
 stdin, `-o -` writes stdout (without resume). Exit status: 0 when every request is answered (error
 records included), 2 for unusable arguments or input (a duplicate custom_id).
 See docs/run_batch.md.
@@ -23,7 +23,8 @@ from typing import Optional
 from fastdeploy.engine.args_utils import EngineArgs
 
 _TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str,
-          "Optional[dict]": json.loads}  # dicts as JSON: --limit-mm-per-prompt '{"image": 4}'
+          # dicts and lists as JSON: --limit-mm-per-prompt '{"image": 4}' --logits-processors '["LogitBiasLogitsProcessor"]'
+          "Optional[dict]": json.loads, "Optional[list]": json.loads}
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

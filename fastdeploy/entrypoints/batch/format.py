@@ -12,7 +12,8 @@ Input line (one JSON object per line)::
 The accepted keys, how they map to SamplingParams, the output shapes and the error codes are
 listed in docs/batch_format.md. In short: chat bodies need `messages`, completion bodies one
 `prompt` (a str or token ids; several prompts in one request are rejected); OpenAI's and vLLM's
-sampling keys map to SamplingParams; `model`, `user`, `stream` (false only) and `stream_options`
+sampling keys map to SamplingParams; the output-control keys (response_format, guided_*,
+structured_outputs, logit_bias, tools...) are mapped by constraints.py; `model`, `user`, `stream` (false only) and `stream_options`
 are accepted and ignored (`model` is echoed); any other key is rejected, naming it.
 
 Output line of a success (`response_record`)::
@@ -40,6 +41,7 @@ from typing import Optional, Union
 
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints.batch import constraints
 from fastdeploy.entrypoints.chat_utils import validate_conversation
 
 CHAT_URL = "/v1/chat/completions"
@@ -60,9 +62,10 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "pre
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                  "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "bad_words")
 IGNORED_KEYS = ("model", "user", "stream", "stream_options")
+OUTPUT_KEYS = (*constraints.STRUCTURED_KEYS, *constraints.LOGITS_KEYS)  # constraints.py maps them
 CHAT_KEYS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "chat_template_kwargs",
-             *SAMPLING_KEYS, *IGNORED_KEYS)
-COMPLETION_KEYS = ("prompt", "logprobs", *SAMPLING_KEYS, *IGNORED_KEYS)
+             *SAMPLING_KEYS, *OUTPUT_KEYS, *constraints.TOOL_KEYS, *IGNORED_KEYS)
+COMPLETION_KEYS = ("prompt", "logprobs", *SAMPLING_KEYS, *OUTPUT_KEYS, *IGNORED_KEYS)
 LOGPROB_FLOOR = -9999.0  # -inf is not JSON: logprobs are reported as at least this (vLLM does the same)
 
 
@@ -78,6 +81,10 @@ class BatchRequest:
     sampling_params: SamplingParams
     chat_template_kwargs: Optional[dict]  # chat only: body["chat_template_kwargs"]
     model: Optional[str]  # body["model"], echoed in the response; None: the runner's model name
+    tools: Optional[list] = None  # chat only: the validated tools, rendered by the chat template
+    tool_choice: Union[str, dict, None] = None  # chat only: None, "auto", "none", "required" or a function
+    guided_decoding_backend: Optional[str] = None  # the body's; the worker accepts only its LLM's
+    constraint_key: Optional[str] = None  # the body key the output constraint came from ("tool_choice" too)
 
 
 class BatchLineError(ValueError):
@@ -180,8 +187,26 @@ def _parse_object(obj: dict, line: int, cid: str) -> BatchRequest:
             raise _error(line, cid, INVALID_PARAMETER, f"chat_template_kwargs must be an object, got {_kind(template_kwargs)}")
     else:
         prompt = _completion_prompt(body, line, cid)
-    params = _sampling_params(body, kind, line, cid)
-    return BatchRequest(cid, line, kind, messages, prompt, params, template_kwargs, model)
+    params, constraint_key = _sampling_params(body, kind, line, cid)
+    request = BatchRequest(cid, line, kind, messages, prompt, params, template_kwargs, model,
+                           constraint_key=constraint_key)
+    try:
+        if "guided_decoding_backend" in body:
+            request.guided_decoding_backend = constraints.backend_name(body["guided_decoding_backend"])
+        if kind == "chat":
+            _add_tools(request, body)
+    except (ValueError, TypeError) as e:  # the messages name the key (tools[i], tool_choice, ...)
+        raise _error(line, cid, INVALID_PARAMETER, str(e)) from e
+    return request
+
+
+def _add_tools(request: BatchRequest, body: dict) -> None:
+    """The body's tools and tool_choice on `request`; a forcing tool_choice constrains its output."""
+    request.tools, request.tool_choice = constraints.tools_and_choice(body)
+    forced = constraints.forced_call_params(request.sampling_params, request.tools, request.tool_choice,
+                                            request.constraint_key)
+    if forced is not request.sampling_params:
+        request.sampling_params, request.constraint_key = forced, "tool_choice"
 
 
 def _chat_messages(body: dict, line: int, cid: str) -> list:
@@ -214,7 +239,8 @@ def _completion_prompt(body: dict, line: int, cid: str) -> Union[str, list[int]]
                  f"prompt must be a non-empty string or a non-empty array of token ids (ints >= 0), got {prompt!r}")
 
 
-def _sampling_params(body: dict, kind: str, line: int, cid: str) -> SamplingParams:
+def _sampling_params(body: dict, kind: str, line: int, cid: str) -> tuple[SamplingParams, Optional[str]]:
+    """(the SamplingParams, the body key its guided_decoding came from or None)."""
     kwargs = {k: body[k] for k in SAMPLING_KEYS if k in body}
     if "max_completion_tokens" in body:
         if "max_tokens" in kwargs and kwargs["max_tokens"] != body["max_completion_tokens"]:
@@ -241,8 +267,12 @@ def _sampling_params(body: dict, kind: str, line: int, cid: str) -> SamplingPara
             raise _error(line, cid, INVALID_PARAMETER, f"logprobs must be an int >= 0 for completions, got {logprobs!r}")
         kwargs["logprobs"] = logprobs
     try:
-        return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as e:  # SamplingParams' message starts with the field's name
+        kwargs["guided_decoding"], constraint_key = constraints.guided_decoding(body)
+        if "logit_bias" in body:
+            kwargs["logit_bias"] = constraints.logit_bias(body["logit_bias"])
+        kwargs.update({k: body[k] for k in ("allowed_token_ids", "logits_processors_args") if k in body})
+        return SamplingParams(**kwargs), constraint_key
+    except (ValueError, TypeError) as e:  # the messages (SamplingParams', constraints.py's) name the key
         raise _error(line, cid, INVALID_PARAMETER, str(e)) from e
 
 
@@ -287,14 +317,20 @@ def _batch_id() -> str:
 
 
 def _chat_choice(c, request: BatchRequest) -> dict:
-    message = {"role": "assistant", "content": c.text}
+    """OpenAI's chat choice. With tool calls: `message.tool_calls`, `content` None when nothing
+    else was said, and finish_reason "tool_calls" where the completion stopped by itself."""
+    message = {"role": "assistant", "content": c.text if c.text or not c.tool_calls else None}
     if c.reasoning_content is not None:
         message["reasoning_content"] = c.reasoning_content  # vLLM's field
+    finish_reason = c.finish_reason
+    if c.tool_calls:
+        message["tool_calls"] = [call.to_dict() for call in c.tool_calls]
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
     logprobs = None
     if c.logprobs is not None:
         k = request.sampling_params.logprobs
         logprobs = {"content": [_chat_token(d, t, k) for d, t in zip(c.logprobs, c.token_ids)]}
-    return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
+    return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _token_text(token_id: int, lp) -> str:

@@ -3,15 +3,23 @@
 Requests are fed to the engine a window at a time (a few times `max_num_seqs` queued: enough to keep
 every batch slot busy, never the whole file in memory), and each finished request's record is
 yielded at once, so the runner writes it before the next step. A request the engine refuses
-(prompt too long, logprobs above max_logprobs, a chat template that raises...) becomes an error
-record; the others go on.
+(prompt too long, logprobs above max_logprobs, a chat template that raises, a schema that does not
+compile, a per-request guided_decoding_backend other than the LLM's...) becomes an error record;
+the others go on.
+
+Tools: a chat request's tools are rendered by the chat template as `LLM.chat` renders them. The
+LLM's tool_call_parser reads the calls of chat requests with tools and tool_choice absent or
+"auto"; a forcing tool_choice's JSON is read back into calls (tool_parsers/tool_choice.py); every
+other request keeps its text whole (no tools, "none", completions).
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import Iterable, Iterator, Optional
 
-from fastdeploy.entrypoints.batch.format import BatchRequest, error_record, response_record
+from fastdeploy.entrypoints.batch import constraints
+from fastdeploy.entrypoints.batch.format import INVALID_PARAMETER, BatchRequest, error_record, response_record
+from fastdeploy.tool_parsers import tool_choice as tool_choices
 
 WINDOW_PER_SEQ = 4  # requests queued per batch slot
 
@@ -52,17 +60,45 @@ class LocalWorker:
     def _enqueue(self, request: BatchRequest) -> tuple[Optional[str], Optional[dict]]:
         """(engine request id, None), or (None, an error record) when the engine refuses it."""
         engine = self.llm.llm_engine
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return None, error_record(request.custom_id, request.line, INVALID_PARAMETER, refusal)
         try:
             text, ids, mm_data = self._prompt(request)
-            return engine.enqueue(engine.make_request(text, ids, request.sampling_params, mm_data=mm_data)), None
+            request_id = engine.enqueue(engine.make_request(text, ids, request.sampling_params, mm_data=mm_data))
         except (ValueError, TypeError, FileNotFoundError, ConnectionError) as e:
             return None, error_record(request.custom_id, request.line, "invalid_request", str(e))
+        if not constraints.parser_reads_calls(request.kind, request.tools, request.tool_choice):
+            forced = tool_choices.forces_call(request.tool_choice)
+            reader = tool_choices.forced_call_reader(request.tool_choice) if forced else None
+            engine.output_processor.set_tool_call_reader(request_id, reader)
+        return request_id, None
+
+    def _refusal(self, request: BatchRequest) -> Optional[str]:
+        """Why this LLM cannot take the request's output keys (None: it can): a guided_decoding_backend
+        other than its own, tool_choice "auto" without a tool_call_parser, a constraint that does not
+        compile (named by the body key it came from)."""
+        engine = self.llm.llm_engine
+        config = engine.config
+        wanted = request.guided_decoding_backend
+        if wanted is not None and wanted != config.guided_decoding_backend:
+            return (f"guided_decoding_backend={wanted!r}: per-request backends are not supported; this run's backend "
+                    f"is {config.guided_decoding_backend!r} (--guided-decoding-backend): give that or leave the key out")
+        if request.tool_choice == "auto" and not config.tool_call_parser:
+            return "tool_choice='auto' needs a tool call parser: run-batch --tool-call-parser NAME"
+        if request.constraint_key is not None:
+            try:
+                engine.structured_output.validate(request.sampling_params)
+            except ValueError as e:
+                return f"{request.constraint_key}: {e}"
+        return None
 
     def _prompt(self, request: BatchRequest) -> tuple:
         """(prompt text or None, token ids or None, images/videos or None), made by the same code as
         LLM.chat / LLM.generate."""
         if request.kind == "chat":
-            return self.llm._render_chat(request.messages, self.llm.chat_template, request.chat_template_kwargs, 0)
+            return self.llm._render_chat(request.messages, self.llm.chat_template, request.chat_template_kwargs, 0,
+                                         request.tools)
         return self.llm._normalize_one(request.prompt, 0)
 
     def shutdown(self) -> None:

@@ -172,8 +172,9 @@ def test_ignored_keys_and_stream():
 
 
 def test_unknown_keys_named_with_accepted_list():
-    e = fails(line({"messages": MSGS, "tools": [], "logit_bias": {}}), "unknown_parameter", "tools", "logit_bias")
-    for accepted in ("max_completion_tokens", "top_logprobs", "temperature", "chat_template_kwargs", "stream"):
+    e = fails(line({"messages": MSGS, "echo": True, "best_of": 2}), "unknown_parameter", "echo", "best_of")
+    for accepted in ("max_completion_tokens", "top_logprobs", "temperature", "chat_template_kwargs", "stream",
+                     "tools", "logit_bias", "response_format", "guided_json"):
         assert accepted in e.message.split("accepted:")[1]
 
 
