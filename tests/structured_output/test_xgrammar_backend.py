@@ -130,6 +130,23 @@ def test_a_rejected_token_is_refused(both):
     assert not xgrammar.is_terminated(matcher)
 
 
+def test_tokenizer_wrappers_and_non_tokenizers(both):
+    """A wrapper holding the transformers tokenizer (Ernie4_5Tokenizer) builds the same masks; an
+    object that is no transformers tokenizer is a ValueError naming its type."""
+    from fastdeploy.input.ernie4_5_tokenizer import Ernie4_5Tokenizer
+
+    _, xgrammar, manager = both
+    wrapped = XGrammarBackend(Ernie4_5Tokenizer(manager.tokenizer), manager.vocab_size, manager.eos_token_ids)
+    spec = GrammarSpec("regex", IPV4)
+    masks = np.zeros((2, 1, (manager.vocab_size + 31) // 32), np.int32)
+    for backend, mask in zip((xgrammar, wrapped), masks):
+        backend.fill_bitmask([backend.matcher(backend.compile(spec))], mask)
+    np.testing.assert_array_equal(masks[0], masks[1])
+    assert masks[0].any()
+    with pytest.raises(ValueError, match="needs a transformers tokenizer; object"):
+        XGrammarBackend(object(), manager.vocab_size, manager.eos_token_ids)
+
+
 def test_json_whitespace_modes(both):
     """disable_any_whitespace: none between typed tokens; the bounded default: at most 21 whitespace
     characters per gap (a newline and 20 spaces fit, 22 spaces do not)."""
