@@ -28,7 +28,7 @@ How each GrammarSpec kind is compiled:
   triggered tags (free text until a trigger; then the structure whose `begin` it starts).
 
 Every xgrammar error (RuntimeError, pydantic's ValidationError, TypeError) becomes a ValueError with
-xgrammar's message, less its C++ source location.
+xgrammar's message, less its C++ source locations and assertion text.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from fastdeploy.structured_output.grammar import WHITESPACE_BOUNDED, GrammarSpec
 MAX_WHITESPACE = 21  # the longest gap WHITESPACE_BOUNDED allows: a newline and 20 spaces
 CACHE_LIMIT_BYTES = 512 << 20  # xgrammar's own compiled-grammar cache, behind the manager's LRU
 _LARK = re.compile(r"(?m)^\s*(%llguidance\b|start\s*:)")
-_CPP_LOCATION = re.compile(r"^\[[0-9:.]+\] \S+:\d+: ")  # "[13:21:59] /project/cpp/x.cc:83: "
+# C++ detail in xgrammar's messages: "[13:21:59] /project/cpp/x.cc:83: ", "Check failed: (cond) is false: "
+_CPP_DETAIL = re.compile(r"\[[0-9:.]+\] \S+\.(?:cc|h):\d+: |Check failed: .*? is false: ")
 
 
 class XGrammarBackend:
@@ -79,7 +80,7 @@ class XGrammarBackend:
         try:
             return self._compile(spec)
         except (RuntimeError, ValueError, TypeError) as error:
-            raise ValueError(_CPP_LOCATION.sub("", str(error)).strip()) from None
+            raise ValueError(_CPP_DETAIL.sub("", str(error)).strip()) from None
 
     def _compile(self, spec: GrammarSpec):
         compiler = self.compiler
