@@ -18,14 +18,18 @@ How each GrammarSpec kind is compiled:
     (newline plus 20 spaces is 21) and also tabs, CRs and several newlines, and spaces on both
     sides of a separator.
   - any other `whitespace_pattern`: ValueError (xgrammar takes no whitespace regex).
-- regex: `compile_regex` (xgrammar's regex syntax: ECMAScript-like, no lookaround).
+- regex: `compile_regex` (xgrammar's regex reader).
 - choice: the EBNF alternation `root ::= "a" | "b"` of the JSON-escaped literals.
 - grammar: GBNF (`root ::= ...`, FastDeploy's documented syntax) is xgrammar's own EBNF; a Lark
   grammar (a line starting `start:`, or `%llguidance`, the rule llguidance uses to tell them apart)
-  goes to xgrammar's Lark reader, which lacks llguidance's extensions (`%llguidance`, lazy
-  lexemes): those are a ValueError with xgrammar's message.
+  goes to xgrammar's Lark reader; what it lacks of llguidance's Lark dialect (e.g. `%llguidance`)
+  is a ValueError with xgrammar's message.
 - structural_tag: `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}` as xgrammar's
   triggered tags (free text until a trigger; then the structure whose `begin` it starts).
+
+Masks: where a grammar forces a text of several characters, xgrammar allows every token the text
+starts with, llguidance only the one token it tokenizes the text with; elsewhere the two agree bit for
+bit (tests/structured_output/test_xgrammar_backend.py).
 
 Every xgrammar error (RuntimeError, pydantic's ValidationError, TypeError) becomes a ValueError with
 xgrammar's message, less its C++ source locations and assertion text.
