@@ -40,12 +40,15 @@ setup(
         # imageio-ffmpeg: its bundled ffmpeg writes the test videos; the [vl] packages for the VL tests
         "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy", "hypothesis",
                  "imageio-ffmpeg==0.8.1", "pillow", "decord==0.6.0", "fontpkg-roboto==3.15",
-                 "jsonschema"],
+                 "jsonschema", "xgrammar>=0.2.8,<0.3"],
         # sentencepiece-only tokenizers (ERNIE-4.5's tokenizer.model; fastdeploy/input/tokenizer_loader.py):
         # the model proto is read with protobuf (Paddle brings it too), or with sentencepiece's own schema
         "ernie": ["sentencepiece", "protobuf"],
         # run_batch --data-parallel-size N and the Ray Data helper (fastdeploy/entrypoints/batch/)
         "ray": ["ray[data]>=2.40"],  # [data]: pandas and pyarrow, which ray.data needs
+        # LLM(guided_decoding_backend="xgrammar") (fastdeploy/structured_output/xgrammar_backend.py): xgrammar
+        # needs torch (install torch==2.13.0 first, README.md) and pulls triton; 0.2.8 is the API it is built on
+        "xgrammar": ["xgrammar>=0.2.8,<0.3"],
         # ERNIE-4.5-VL images and videos (fastdeploy/input/image_processor.py, video_processor.py): pillow
         # resizes; decord decodes videos (pinned: unmaintained since 2021, kept behind
         # video_processor.open_video); Roboto draws the frames' timestamps as FastDeploy does

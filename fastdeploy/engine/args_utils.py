@@ -15,6 +15,7 @@ from typing import Optional
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
 from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.reasoning import get_reasoning_parser
+from fastdeploy.structured_output.backends import check_backend_installed
 from fastdeploy.tool_parsers import get_tool_parser
 
 logger = logging.getLogger("fastdeploy")
@@ -129,7 +130,8 @@ class EngineArgs:
             tensor_parallel_size.
         guided_decoding_backend: the structured-output backend (structured_output/): "auto" (default;
             llguidance, a base requirement), "guidance" (llguidance), "xgrammar" (the optional
-            `fastdeploy[xgrammar]` extra, which brings torch), or "off" (a request with a
+            `fastdeploy[xgrammar]` extra, which brings torch; without it, an ImportError naming the
+            extra when the LLM is built), or "off" (a request with a
             `guided_decoding` constraint is then a ValueError). FastDeploy's default is "off" and
             its offline path fails on any guided request; vLLM's is "auto".
         guided_decoding_disable_any_whitespace: no whitespace at all between JSON tokens (compact
@@ -266,6 +268,7 @@ class EngineArgs:
         if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
             raise ValueError(f"guided_decoding_backend must be one of {list(GUIDED_DECODING_BACKENDS)}, "
                              f"got {self.guided_decoding_backend!r}")
+        check_backend_installed(self.guided_decoding_backend)  # ImportError naming the extra
         if not isinstance(self.guided_decoding_disable_any_whitespace, bool):
             raise TypeError("guided_decoding_disable_any_whitespace must be True or False, got "
                             f"{self.guided_decoding_disable_any_whitespace!r}")

@@ -1,7 +1,8 @@
 """A request's constraint as the backends take it: `GrammarSpec`, built from its GuidedDecodingParams.
 
-The spec is hashable and canonical (a JSON schema is re-serialised with sorted keys), so it keys the
-compiled-grammar cache: two requests with the same constraint written differently share one entry.
+The spec is hashable and canonical (a JSON schema is re-serialised in one layout, its key order
+kept: both backends emit an object's properties in the order the schema declares them), so it keys
+the compiled-grammar cache: two requests with the same constraint written differently share one entry.
 
 Whitespace between JSON tokens (`WHITESPACE_BOUNDED`, the default): one space, or one newline and up
 to 20 spaces of indentation, per gap. JSON's own grammar allows any run of whitespace there, and a
@@ -56,7 +57,7 @@ def grammar_spec(params: Optional[GuidedDecodingParams], disable_any_whitespace:
         schema = _schema(params.json) if kind == "json" else json.loads(JSON_OBJECT_SCHEMA)
         if params.disable_additional_properties:
             schema = _closed_objects(schema)
-        return GrammarSpec("json", json.dumps(schema, sort_keys=True, ensure_ascii=False), whitespace)
+        return GrammarSpec("json", json.dumps(schema, ensure_ascii=False), whitespace)
     if kind == "choice":
         return GrammarSpec("choice", json.dumps(params.choice, ensure_ascii=False))
     return GrammarSpec(kind, getattr(params, kind))
