@@ -8,6 +8,7 @@
 #include "../padding_kernel.cuh"
 #include "../penalty_kernel.cuh"
 #include "../sampling_kernel.cuh"
+#include "../token_bitmask_kernel.cuh"
 
 namespace {
 
@@ -84,6 +85,11 @@ int fd_sample(const float* logits, int num_rows, int vocab, const float* tempera
               const float* top_p, const float* min_p, const double* uniforms, float* workspace, int64_t* token_ids) {
   return fdgpu::LaunchSample(logits, num_rows, vocab, temperature, top_k, top_p, min_p, uniforms, workspace,
                              token_ids, 0);
+}
+
+int fd_apply_token_bitmask(float* logits, int64_t num_rows, int64_t vocab, const int32_t* bitmask, int64_t num_words,
+                           const int64_t* indices, int64_t m) {
+  return fdgpu::LaunchApplyTokenBitmask(logits, num_rows, vocab, bitmask, num_words, indices, m, 0);
 }
 
 int fd_synchronize() { return cudaDeviceSynchronize(); }

@@ -1,9 +1,10 @@
-"""--bench: microseconds per call of append attention (decode and prefill shapes) and sampling."""
+"""--bench: microseconds per call of append attention (decode and prefill shapes), sampling and the token bitmask."""
 import time
 
 import numpy as np
 
 from check_attention import attention_inputs
+from check_token_bitmask import random_bitmask
 from harness_common import DTYPE_NAMES, F16, F32, storage_dtype, to_storage
 from harness_device import check_call
 
@@ -46,4 +47,14 @@ def bench(lib, device, rng):
                 device.empty((rows, vocab), np.float32), device.empty(rows, np.int64))
         print(f"  sampling {rows} x {vocab} {label}: {time_call(lib, 'fd_sample', args):.1f} us")
         device.reset()
-
+    rows, vocab = 32, 151936
+    words = (vocab + 31) // 32
+    json_like = np.zeros((rows, words), np.int32)  # a few hundred allowed tokens per row, the rest banned
+    json_like[:, rng.choice(words, 8, replace=False)] = -1
+    for label, bitmask in (("mixed words", random_bitmask(rng, rows, words)), ("JSON-like, 256 allowed", json_like)):
+        logits = rng.standard_normal((rows, vocab)).astype(np.float32)
+        args = (device.upload(logits), rows, vocab, device.upload(bitmask), words,
+                device.upload(np.arange(rows, dtype=np.int64)), rows)
+        us = time_call(lib, "fd_apply_token_bitmask", args, repeats=100)
+        print(f"  token_bitmask {rows} x {vocab} {label}: {us:.1f} us, logits {logits.nbytes / us / 1e3:.0f} GB/s")
+        device.reset()

@@ -73,6 +73,7 @@ def load_library(path: Path) -> ctypes.CDLL:
         "fd_rebuild_padding": [P, P, I, I, P, I],
         "fd_token_penalty": [P, I64, P, P, P, I64, P, P, P],
         "fd_sample": [P, I, I, P, P, P, P, P, P, P],
+        "fd_apply_token_bitmask": [P, I64, I64, P, I64, P, I64],
         "fd_synchronize": [],
     }
     for name, argtypes in signatures.items():

@@ -18,10 +18,17 @@ Checks and tolerances:
   sampling    token ids equal to a sort-based numpy reference of the kernel's rule (see
               sampling_kernel.cuh; weights rounded from a float64 exp, as the kernel does), and
               identical on a second run. Ties, -inf (banned) logits, min-p, top-k, top-p, greedy.
+  token_bitmask
+              bitwise equal to apply_token_bitmask of fastdeploy/model_executor/layers/sample/
+              token_bitmask.py (loaded from its file). vocab a multiple of 32 and not, of 4 and not;
+              fewer words than vocab / 32 and more; logits with -inf, +inf, -0.0 and NaN; words all
+              allowed, all banned and random; m < rows with a permutation of rows; a misaligned
+              logits pointer; m = 0; 32 x 151936.
 
 Files beside this one (imported from this folder): harness_device.py (device memory, the library),
 harness_common.py (element types, the results table), check_attention.py, check_padding.py,
-check_penalties.py, check_sampling.py (one op each), harness_bench.py (--bench).
+check_penalties.py, check_sampling.py, check_token_bitmask.py (one op each), harness_bench.py
+(--bench).
 """
 import argparse
 import sys
@@ -33,6 +40,7 @@ from check_attention import check_attention
 from check_padding import check_padding
 from check_penalties import check_penalties
 from check_sampling import check_sampling
+from check_token_bitmask import check_token_bitmask
 from harness_bench import bench
 from harness_common import Table
 from harness_device import Device, build_library, load_library
@@ -55,6 +63,7 @@ def main() -> int:
     check_padding(lib, device, rng, table)
     check_penalties(lib, device, rng, table)
     check_sampling(lib, device, rng, table)
+    check_token_bitmask(lib, device, rng, table)
     failures = table.failures()
     print(f"\n{len(table.rows) - failures} passed, {failures} failed")
     if args.bench:
