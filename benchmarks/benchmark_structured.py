@@ -35,6 +35,7 @@ used meanwhile: a run where that is not ~0 was disturbed.
 """
 import argparse
 import json
+from decimal import Decimal
 import os
 import re
 import statistics
@@ -66,16 +67,17 @@ def constraint(item) -> dict:
 
 def output_fault(item: dict, text: str):
     """Why `text` does not satisfy `item`'s constraint, or None when it does: JSON that parses and
-    validates under the schema (jsonschema, draft 2020-12), a full match of the regex (Python re), or
+    validates under the schema (jsonschema, draft 2020-12; numbers with a fraction read as Decimal), a full match of the regex (Python re), or
     exactly one of the choices."""
     import jsonschema
 
     if item["kind"] == "json":
-        try:
-            value = json.loads(text)
+        try:  # decimals as Decimal, in the schema too: multipleOf 0.01 is exact arithmetic, not float's
+            value = json.loads(text, parse_float=Decimal)
         except json.JSONDecodeError as e:
             return f"not JSON: {e}"
-        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(item["schema"]).iter_errors(value))
+        schema = json.loads(json.dumps(item["schema"]), parse_float=Decimal)
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
         return None if error is None else f"invalid at {list(error.absolute_path)}: {error.message}"
     if item["kind"] == "regex":
         return None if re.fullmatch(item["regex"], text) else f"{text!r} does not fully match {item['regex']!r}"
@@ -219,9 +221,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help=".gguf file or HF directory (default: SmolLM2-135M-Instruct GGUF)")
     ap.add_argument("--num-prompts", type=int, default=32, help="requests in the batch (the set's items cycled)")
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=640, help="the set's greedy outputs on the default model "
+                    "take up to ~600 tokens (pretty-printed arrays filled to maxItems)")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
-    ap.add_argument("--repeats", type=int, default=1, help="constrained/unconstrained pairs per run; best of each")
+    ap.add_argument("--repeats", type=int, default=3, help="constrained/unconstrained pairs per run; best of each (the "
+                    "first call of a process pays the KV cache's first page faults)")
     ap.add_argument("--schemas", default=str(SCHEMA_SET), help="the item set (JSON, as structured_schemas.json)")
     ap.add_argument("--vllm-python", default=sys.executable, help="Python that can import vllm (a venv's bin/python)")
     ap.add_argument("--scratch", default=str(Path(tempfile.gettempdir()) / "fd_bench_scratch"),

@@ -3,7 +3,7 @@ requirement, guidance.py); "xgrammar" -> xgrammar (the optional `fastdeploy[xgra
 xgrammar_backend.py).
 
 A backend provides `name`, `compile(spec) -> compiled` (ValueError with the fault), `matcher(compiled)`
-(a fresh matcher), `accept_token(matcher, id) -> bool`, `is_terminated(matcher)` and
+(a fresh matcher), `accept_token(matcher, id) -> bool` and
 `fill_bitmask(matchers, bitmask)` (row i := the tokens matchers[i] allows, bit t % 32 of word t // 32).
 """
 from __future__ import annotations

@@ -61,10 +61,6 @@ class GuidanceBackend:
         """Advance by one sampled token; False when the grammar rejects it (the matcher is then in error)."""
         return matcher.consume_token(token_id)
 
-    def is_terminated(self, matcher) -> bool:
-        """True when the grammar admits no more tokens (only EOS)."""
-        return matcher.is_stopped()
-
     def fill_bitmask(self, matchers: list, bitmask: np.ndarray) -> None:
         """Row i of bitmask [len(matchers), words] int32 (C-contiguous) := the allowed tokens of matchers[i]."""
         rows, words = bitmask.shape

@@ -126,10 +126,6 @@ class XGrammarBackend:
         """Advance by one sampled token; False when the grammar rejects it (the matcher does not move)."""
         return matcher.accept_token(token_id)
 
-    def is_terminated(self, matcher) -> bool:
-        """True once the matcher has accepted a stop token (EOS) where the grammar was complete."""
-        return matcher.is_terminated()
-
     def fill_bitmask(self, matchers: list, bitmask: np.ndarray) -> None:
         """Row i of bitmask [len(matchers), words] int32 (C-contiguous) := the allowed tokens of
         matchers[i]. xgrammar writes through a torch tensor sharing the array's memory (no copy),

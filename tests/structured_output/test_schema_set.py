@@ -35,7 +35,8 @@ def test_set_size_and_names():
 @pytest.mark.parametrize("item", BY_KIND["json"], ids=lambda i: i["name"])
 def test_schema_is_valid_and_its_example_validates(item):
     jsonschema.Draft202012Validator.check_schema(item["schema"])
-    jsonschema.Draft202012Validator(item["schema"]).validate(item["example"])
+    # validated as output_fault reads an output: fractions as Decimal (float arithmetic gets
+    # multipleOf 0.01 wrong: 19.99 / 0.01 is not an integer in floats)
     assert output_fault(item, json.dumps(item["example"])) is None
 
 

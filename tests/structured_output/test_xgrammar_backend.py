@@ -119,7 +119,7 @@ def test_masks_equal_llguidance_bit_for_bit(both, spec, pattern, text, segmentat
         if token is not None:
             assert guidance.accept_token(g, token) and xgrammar.accept_token(x, token)
     assert equal_steps >= (len(ids) + 1) / 2, equal_steps  # most steps force no text
-    assert xgrammar.accept_token(x, sorted(eos)[0]) and xgrammar.is_terminated(x)
+    assert xgrammar.accept_token(x, sorted(eos)[0]) and x.is_terminated()
 
 
 def test_a_rejected_token_is_refused(both):
@@ -127,7 +127,7 @@ def test_a_rejected_token_is_refused(both):
     matcher = xgrammar.matcher(xgrammar.compile(GrammarSpec("regex", "(yes|no)")))
     assert not xgrammar.accept_token(matcher, manager.tokenizer.convert_tokens_to_ids("x"))
     assert not xgrammar.accept_token(matcher, sorted(manager.eos_token_ids)[0])  # not complete yet
-    assert not xgrammar.is_terminated(matcher)
+    assert not matcher.is_terminated()
 
 
 def test_tokenizer_wrappers_and_non_tokenizers(both):
