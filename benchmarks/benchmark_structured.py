@@ -187,13 +187,14 @@ def report(results, items, args, prompts):
           f"{args.max_tokens}, max_num_seqs {len(prompts)}, prefix caching off; {len(os.sched_getaffinity(0))} "
           f"threads; best of {args.repeats}; each run in its own process ===")
     print(f"{'engine, weights':<30}{'constrained tok/s':>19}{'unconstrained tok/s':>21}{'ratio':>7}{'valid':>8}"
-          f"{'capped':>8}{'tokens':>8}{'start-up s':>12}{'others CPU-s':>14}")
+          f"{'capped':>8}{'tokens':>8}{'batch s':>9}{'valid/s':>9}{'start-up s':>12}{'others CPU-s':>14}")
     for r in results.values():
         faults = [output_fault(i, t) for i, t in zip(items, r["texts"])]
         r["constrained"], r["free"] = r["tokens"] / r["seconds"], r["tokens"] / r["seconds_free"]
+        r["valid_per_s"] = faults.count(None) / r["seconds"]
         print(f"{bt.label(r):<30}{r['constrained']:>19.1f}{r['free']:>21.1f}{r['constrained'] / r['free']:>6.2f}x"
               f"{f'{faults.count(None)}/{len(faults)}':>8}{r['finish'].count('length'):>8}{r['tokens']:>8}"
-              f"{r['startup']:>12.1f}{r['load']:>14.1f}")
+              f"{r['seconds']:>9.2f}{r['valid_per_s']:>9.2f}{r['startup']:>12.1f}{r['load']:>14.1f}")
         for item, fault in zip(items, faults):
             if fault:
                 print(f"    {item['name']}: {fault[:110]}")
@@ -203,10 +204,14 @@ def report(results, items, args, prompts):
                 r, v = results[name], results["vllm"]
                 kind = "like with like, same checkpoint" if name == "ours-bf16" else "cross-format"
                 print(f"ratio {bt.label(r)} / {bt.label(v)} ({kind}): constrained {r['constrained'] / v['constrained']:.2f}x, "
-                      f"unconstrained {r['free'] / v['free']:.2f}x")
+                      f"unconstrained {r['free'] / v['free']:.2f}x (tok/s); the constrained batch done "
+                      f"{v['seconds'] / r['seconds']:.2f}x sooner, valid outputs per second "
+                      f"{r['valid_per_s'] / v['valid_per_s']:.2f}x")
     print("ratio: constrained / unconstrained tok/s of the same run (unconstrained: EOS ignored, each request as many "
           "tokens as its constrained output); valid: parses and validates / fullmatches / is a choice; capped: "
-          "constrained outputs that hit max_tokens")
+          "constrained outputs that hit max_tokens; batch s: wall time of the constrained call (the engines' "
+          "whitespace rules and number bounds give different token counts for the same 32 answers, so tok/s "
+          "and batch time rank them differently); valid/s: valid outputs per second of it")
     compiled = next((r["compile"] for r in results.values() if "compile" in r), None)
     if compiled is None:
         return
