@@ -70,3 +70,19 @@ def chat_eos(smollm_llm, tok):
     assert out.stop_reason is None and out.token_ids[-1] == tok.eos_token_id
     return SimpleNamespace(conv=SHORT_CHATS[i], out=out, eos=tok.eos_token_id,
                            eos_text=tok.decode([tok.eos_token_id]))
+
+
+@pytest.fixture
+def preemptions(monkeypatch):
+    """Counts Scheduler._preempt calls: [count], read after the run."""
+    from fastdeploy.engine.sched.scheduler import Scheduler
+
+    count = [0]
+    original = Scheduler._preempt
+
+    def counting(self, request):
+        count[0] += 1
+        return original(self, request)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    return count

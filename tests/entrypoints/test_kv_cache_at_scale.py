@@ -130,20 +130,6 @@ def reference(llm_off):
     return get
 
 
-@pytest.fixture
-def preemptions(monkeypatch):
-    """Counts Scheduler._preempt calls."""
-    count = [0]
-    original = Scheduler._preempt
-
-    def counting(self, request):
-        count[0] += 1
-        return original(self, request)
-
-    monkeypatch.setattr(Scheduler, "_preempt", counting)
-    return count
-
-
 def full_blocks(n: int, block_size: int = BLOCK) -> int:
     """num_cached_tokens of a repeated n-token prompt: whole blocks, one token left to compute."""
     return (n - 1) // block_size * block_size

@@ -9,7 +9,6 @@ from constraints import IPV4, PERSON, PERSON_CHAT, validate_json
 from helpers import assert_engine_idle, assert_same_greedy, chat, run, top2_gaps
 
 from fastdeploy import LLM, GuidedDecodingParams, SamplingParams
-from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.model_executor.layers.sample.token_bitmask import allowed_tokens
 from fastdeploy.structured_output import StructuredOutputManager
 
@@ -39,19 +38,6 @@ def squeezed_llm():
               max_num_batched_tokens=24, max_num_seqs=4, logprobs_mode="processed_logprobs")
     yield llm
     llm.shutdown()
-
-
-@pytest.fixture
-def preemptions(monkeypatch):
-    count = [0]
-    original = Scheduler._preempt
-
-    def counting(self, request):
-        count[0] += 1
-        return original(self, request)
-
-    monkeypatch.setattr(Scheduler, "_preempt", counting)
-    return count
 
 
 def test_preemption_chunked_prefill_and_prefix_hits_change_no_token(reference_llm, squeezed_llm, preemptions):
