@@ -126,7 +126,7 @@ class LLMEngine:
         """Stop a prompt's unfinished completions now; their blocks return to the pool.
         Returns its output (finish_reason "abort" on the aborted completions), or None if unknown."""
         aborted, output = self.output_processor.abort(request_id)
-        self._finish(aborted)
+        self.finish_requests(aborted)
         return output
 
     def reset_prefix_cache(self) -> bool:
@@ -157,12 +157,12 @@ class LLMEngine:
         self.scheduler.update_from_output(scheduler_output, runner_output)
         rejected = self.structured_output.accept_tokens(runner_output.sampled_token_ids) if self.structured_output.requests else {}
         finished_ids, outputs = self.output_processor.process(runner_output, rejected)
-        self._finish(finished_ids)
+        self.finish_requests(finished_ids)
         return outputs
 
-    def _finish(self, req_ids: list[str]) -> None:
-        """Finished or aborted completions leave the scheduler (their blocks are freed) and the
-        structured-output manager."""
+    def finish_requests(self, req_ids: list[str]) -> None:
+        """Finished or aborted completions (request ids) leave the scheduler (their blocks are freed)
+        and the structured-output manager (their matchers); unknown ids are ignored."""
         self.scheduler.finish_requests(req_ids)
         self.structured_output.remove(req_ids)
 

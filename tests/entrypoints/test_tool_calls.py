@@ -138,7 +138,7 @@ def fake_run(llm, texts, seen):
             for step in range(max(map(len, streams.values()))):
                 finished, done = engine.output_processor.process(ModelRunnerOutput(
                     sampled_token_ids={r: s[step] for r, s in streams.items() if step < len(s)}))
-                engine.scheduler.finish_requests(finished)
+                engine.finish_requests(finished)
                 outputs += done
         return outputs
 
