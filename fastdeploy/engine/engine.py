@@ -108,8 +108,8 @@ class LLMEngine:
         params = prepared.sampling_params
         request_ids = [group_id] if params.n == 1 else [f"{group_id}-{i}" for i in range(params.n)]
         self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids)
+        self.structured_output.add_requests(request_ids, params, prepared.prompt_token_ids)
         for i, request_id in enumerate(request_ids):
-            self.structured_output.add_request(request_id, params, prepared.prompt_token_ids)
             self.scheduler.add_request(Request(
                 request_id=request_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=params,
                 positions=prepared.positions, eos_token_ids=self.eos_token_ids, index=i,
@@ -155,7 +155,7 @@ class LLMEngine:
             self.scheduler.rollback()  # nothing this step promised was computed
             raise
         self.scheduler.update_from_output(scheduler_output, runner_output)
-        rejected = self.structured_output.accept_tokens(runner_output.sampled_token_ids) if self.structured_output.requests else {}
+        rejected = self.structured_output.accept_tokens(runner_output.sampled_token_ids)
         finished_ids, outputs = self.output_processor.process(runner_output, rejected)
         self.finish_requests(finished_ids)
         return outputs

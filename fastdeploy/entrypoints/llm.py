@@ -21,7 +21,7 @@ from tqdm import tqdm
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.request import RequestOutput
-from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams
+from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.warmup import warm_up
 from fastdeploy.entrypoints import chat_utils
 from fastdeploy.input.input_processor import check_text
@@ -321,11 +321,7 @@ def _forced_call_params(params: list[SamplingParams], tools: list[dict], tool_ch
         if p.guided_decoding is not None and p.guided_decoding.kind is not None:
             raise ValueError(f"the sampling_params of conversation {i} have guided_decoding ({p.guided_decoding.kind}), "
                              f"but tool_choice={tool_choice!r} constrains the output itself; give one or the other")
-    forced = []
-    for p in params:
-        guided = GuidedDecodingParams(json=schema)
-        forced.append(p.clone(guided_decoding=guided, structured_outputs=guided))
-    return forced
+    return [tool_choices.forced_params(p, schema) for p in params]
 
 
 def _is_token_id(value) -> bool:

@@ -24,6 +24,17 @@ def make_backend(name: str, tokenizer, vocab_size: int, eos_token_ids):
     raise ValueError(f"guided_decoding_backend {name!r} has no backend here; use 'auto', 'guidance' or 'xgrammar'")
 
 
+def transformers_tokenizer(tokenizer):
+    """The transformers tokenizer itself, or the one a wrapper such as Ernie4_5Tokenizer holds as
+    `.tokenizer`; None when neither is one. Both backends read their vocabulary from it."""
+    from transformers import PreTrainedTokenizerBase
+
+    for candidate in (tokenizer, getattr(tokenizer, "tokenizer", None)):
+        if isinstance(candidate, PreTrainedTokenizerBase):
+            return candidate
+    return None
+
+
 def check_backend_installed(name: str) -> None:
     """Raise ImportError (naming the extra to install) when backend `name` needs a package that does
     not import; EngineArgs.validate calls it so that the LLM fails at construction, not at the first

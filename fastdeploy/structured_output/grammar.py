@@ -20,6 +20,7 @@ from typing import Optional
 from fastdeploy.engine.sampling_params import GuidedDecodingParams
 
 WHITESPACE_BOUNDED = r"(?:\n[ ]{0,20}| )?"
+STRUCTURAL_TAG_FORM = 'must be JSON of the form {"structures": [{"begin", "schema", "end"}], "triggers": [...]}'
 JSON_OBJECT_SCHEMA = '{"type": "object"}'  # OpenAI's json_object: any JSON object
 
 
@@ -57,14 +58,14 @@ def grammar_spec(params: Optional[GuidedDecodingParams], disable_any_whitespace:
         schema = _schema(params.json) if kind == "json" else json.loads(JSON_OBJECT_SCHEMA)
         if params.disable_additional_properties:
             schema = _closed_objects(schema)
-        return GrammarSpec("json", json.dumps(schema, ensure_ascii=False), whitespace)
+        return GrammarSpec("json", _json_text(schema), whitespace)
     if kind == "choice":
         return GrammarSpec("choice", json.dumps(params.choice, ensure_ascii=False))
     return GrammarSpec(kind, getattr(params, kind))
 
 
 def _schema(schema) -> dict:
-    """The schema as a dict (a str is parsed); ValueError unless it is a JSON object that serialises."""
+    """The schema as a dict (a str is parsed); ValueError unless it is a JSON object."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -72,10 +73,29 @@ def _schema(schema) -> dict:
             raise ValueError(f"guided_decoding.json is not valid JSON: {error}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"guided_decoding.json must be a JSON schema object, got {type(schema).__name__}")
+    return schema
+
+
+def _json_text(schema: dict) -> str:
+    """The schema's JSON text; ValueError when it holds something JSON cannot hold."""
     try:
-        return json.loads(json.dumps(schema))
+        return json.dumps(schema, ensure_ascii=False)
     except (TypeError, ValueError) as error:
         raise ValueError(f"guided_decoding.json cannot be serialised as JSON: {error}") from None
+
+
+def structural_tag_parts(source: str) -> tuple[list[dict], list]:
+    """(structures, each {"begin", "schema", "end"}; triggers) of a structural tag's JSON text, for
+    the backends to build their own tags from; ValueError naming the expected form."""
+    try:
+        tag = json.loads(source)
+        structures = [{"begin": s["begin"], "schema": s["schema"], "end": s["end"]} for s in tag["structures"]]
+        triggers = tag["triggers"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{STRUCTURAL_TAG_FORM} ({type(error).__name__}: {error})") from None
+    if not structures:
+        raise ValueError("has no structures")
+    return structures, triggers
 
 
 def _closed_objects(node):

@@ -8,11 +8,11 @@ and each request gets a copy of it. Every call that builds or masks releases the
 from __future__ import annotations
 
 import copy
-import json
 
 import numpy as np
 
-from fastdeploy.structured_output.grammar import GrammarSpec
+from fastdeploy.structured_output.backends import transformers_tokenizer
+from fastdeploy.structured_output.grammar import STRUCTURAL_TAG_FORM, GrammarSpec, structural_tag_parts
 
 
 class GuidanceBackend:
@@ -71,9 +71,7 @@ class GuidanceBackend:
 def _ll_tokenizer(llguidance, tokenizer, vocab_size: int, eos_token_ids: list):
     """llguidance's tokenizer from the Rust `tokenizers` backend of a transformers tokenizer (or of
     the one a wrapper such as Ernie4_5Tokenizer holds)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None and hasattr(tokenizer, "tokenizer"):
-        backend = getattr(tokenizer.tokenizer, "backend_tokenizer", None)
+    backend = getattr(transformers_tokenizer(tokenizer), "backend_tokenizer", None)
     if backend is None:
         raise ValueError(f"guided decoding needs a tokenizer with a `tokenizers` backend; {type(tokenizer).__name__} "
                          "has none")
@@ -84,21 +82,17 @@ def _ll_tokenizer(llguidance, tokenizer, vocab_size: int, eos_token_ids: list):
 
 
 def _struct_tags(llguidance, source: str) -> list:
-    """llguidance StructTags of a structural tag's JSON `{"structures": [{"begin", "schema", "end"}],
-    "triggers": [...]}`: each structure under the trigger its `begin` starts with."""
+    """llguidance StructTags of a structural tag's JSON (grammar.py `structural_tag_parts`): each
+    structure under the trigger its `begin` starts with."""
+    structures, triggers = structural_tag_parts(source)
+    tags = []
     try:
-        tag = json.loads(source)
-        structures, triggers = tag["structures"], tag["triggers"]
-        tags = []
         for item in structures:
             trigger = next((t for t in triggers if item["begin"].startswith(t)), None)
             if trigger is None:
                 raise ValueError(f"begin {item['begin']!r} starts with none of the triggers {triggers}")
             tags.append(llguidance.StructTag(trigger=trigger, begin=item["begin"], grammar=item["schema"],
                                              end=item["end"]))
-    except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as error:
-        raise ValueError("must be JSON of the form {\"structures\": [{\"begin\", \"schema\", \"end\"}], "
-                         f"\"triggers\": [...]}} ({type(error).__name__}: {error})") from None
-    if not tags:
-        raise ValueError("has no structures")
+    except (TypeError, AssertionError) as error:
+        raise ValueError(f"{STRUCTURAL_TAG_FORM} ({type(error).__name__}: {error})") from None
     return tags

@@ -6,7 +6,7 @@
   is keyed by the spec (one manager serves one tokenizer), LRU-bounded; a repeated constraint costs a
   dictionary lookup and a copy of the template matcher. Compilation happens on the thread that adds
   the request, never in the step loop.
-- `add_request` / `remove`: one matcher per completion (n > 1: n matchers), at the grammar's start.
+- `add_requests` / `remove`: one matcher per completion (n > 1: n matchers), at the grammar's start.
 - `grammar_bitmask` (each step, after scheduling): the packed masks of the constrained requests that
   sample in this step, filled on the manager's thread while the step's forward runs; the model
   runner waits for them just before sampling (`GrammarBitmask`, engine/sched/output.py).
@@ -118,13 +118,17 @@ class StructuredOutputManager:
                 self._cache.popitem(last=False)
         return compiled
 
-    def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: list[int]) -> None:
-        """Give a queued completion its matcher (validate() ran when its prompt was added)."""
+    def add_requests(self, req_ids: list[str], params: SamplingParams, prompt_token_ids: list[int]) -> None:
+        """Give a queued prompt's completions (its `n` request ids) a matcher each (validate() ran when
+        the prompt was added); the spec, the compiled grammar and the thinking state of the prompt are
+        found once for all of them."""
         spec = self.spec(params)
         if spec is None:
             return
+        compiled = self.compile(spec)
         ended = self.reasoning_end is None or self.reasoning_end.ended_in_prompt(prompt_token_ids)
-        self.requests[req_id] = RequestGrammar(self.backend.matcher(self.compile(spec)), ended)
+        for req_id in req_ids:
+            self.requests[req_id] = RequestGrammar(self.backend.matcher(compiled), ended)
 
     def remove(self, req_ids) -> None:
         for req_id in req_ids:
@@ -153,6 +157,8 @@ class StructuredOutputManager:
         """Advance each constrained request by its sampled token; returns {req_id: error} for the
         requests whose grammar rejected the token (they cannot go on)."""
         failed = {}
+        if not self.requests:
+            return failed
         for req_id, token_id in sampled_token_ids.items():
             grammar = self.requests.get(req_id)
             if grammar is None:

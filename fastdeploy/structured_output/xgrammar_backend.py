@@ -41,7 +41,8 @@ import re
 
 import numpy as np
 
-from fastdeploy.structured_output.grammar import WHITESPACE_BOUNDED, GrammarSpec
+from fastdeploy.structured_output.backends import transformers_tokenizer
+from fastdeploy.structured_output.grammar import WHITESPACE_BOUNDED, GrammarSpec, structural_tag_parts
 
 MAX_WHITESPACE = 21  # the longest gap WHITESPACE_BOUNDED allows: a newline and 20 spaces
 CACHE_LIMIT_BYTES = 512 << 20  # xgrammar's own compiled-grammar cache, behind the manager's LRU
@@ -104,18 +105,11 @@ class XGrammarBackend:
         raise ValueError(f"kind {spec.kind!r} is not one the xgrammar backend compiles")
 
     def _structural_tag(self, source: str):
-        """xgrammar's StructuralTag of the `{"structures": [...], "triggers": [...]}` JSON."""
+        """xgrammar's StructuralTag of the `{"structures": [...], "triggers": [...]}` JSON (grammar.py
+        `structural_tag_parts`)."""
         xgr = self._xgr
-        try:
-            tag = json.loads(source)
-            items = [xgr.StructuralTagItem(begin=s["begin"], schema=s["schema"], end=s["end"])
-                     for s in tag["structures"]]
-            triggers = tag["triggers"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError("must be JSON of the form {\"structures\": [{\"begin\", \"schema\", \"end\"}], "
-                             f"\"triggers\": [...]}} ({type(error).__name__}: {error})") from None
-        if not items:
-            raise ValueError("has no structures")
+        structures, triggers = structural_tag_parts(source)
+        items = [xgr.StructuralTagItem(**structure) for structure in structures]
         return xgr.StructuralTag.from_legacy_structural_tag(items, triggers)
 
     def matcher(self, compiled):
@@ -145,11 +139,7 @@ def _json_whitespace(whitespace: str) -> dict:
 
 def _hf_tokenizer(tokenizer):
     """The transformers tokenizer itself, or the one a wrapper such as Ernie4_5Tokenizer holds."""
-    from transformers import PreTrainedTokenizerBase
-
-    if isinstance(tokenizer, PreTrainedTokenizerBase):
-        return tokenizer
-    inner = getattr(tokenizer, "tokenizer", None)
-    if isinstance(inner, PreTrainedTokenizerBase):
-        return inner
-    raise ValueError(f"the xgrammar backend needs a transformers tokenizer; {type(tokenizer).__name__} is not one")
+    hf = transformers_tokenizer(tokenizer)
+    if hf is None:
+        raise ValueError(f"the xgrammar backend needs a transformers tokenizer; {type(tokenizer).__name__} is not one")
+    return hf

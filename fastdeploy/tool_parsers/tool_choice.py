@@ -19,6 +19,7 @@ import json
 from typing import Optional, Union
 
 from fastdeploy.engine.request import ToolCall
+from fastdeploy.engine.sampling_params import GuidedDecodingParams, SamplingParams
 from fastdeploy.reasoning.base import THINK_END
 from fastdeploy.tool_parsers.base import answer_part
 
@@ -124,6 +125,13 @@ def tool_choice_schema(tools: list[dict], tool_choice) -> Optional[dict]:
     if defs:
         schema[DEFS_KEY] = defs
     return schema
+
+
+def forced_params(params: SamplingParams, schema: dict) -> SamplingParams:
+    """A copy of `params` whose output follows `schema` (a `tool_choice_schema`): its guided_decoding
+    under both of the field's names."""
+    guided = GuidedDecodingParams(json=schema)
+    return params.clone(guided_decoding=guided, structured_outputs=guided)
 
 
 def parse_forced_calls(text: str, tool_choice) -> tuple[Optional[list[ToolCall]], str]:

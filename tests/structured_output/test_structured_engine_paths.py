@@ -91,7 +91,7 @@ def mask_of(manager, req_id):
 
 def test_eos_only_where_the_grammar_may_end(manager, tok):
     params = SamplingParams(guided_decoding=GuidedDecodingParams(regex="ab(cd)?"))
-    manager.add_request("r", params, tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
+    manager.add_requests(["r"], params, tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
     eos = tok.eos_token_id
     assert not mask_of(manager, "r")[eos]
     for t in tok.encode("ab", add_special_tokens=False):
@@ -108,8 +108,8 @@ def test_eos_only_where_the_grammar_may_end(manager, tok):
 
 def test_the_constraint_starts_after_the_thinking(manager, tok):
     params = SamplingParams(guided_decoding=GuidedDecodingParams(regex="[0-9]+"))
-    manager.add_request("open", params, tok.encode("Question<think>", add_special_tokens=False))
-    manager.add_request("closed", params, tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
+    manager.add_requests(["open"], params, tok.encode("Question<think>", add_special_tokens=False))
+    manager.add_requests(["closed"], params, tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False))
     assert mask_of(manager, "open") is None  # thinking: no row, the request samples freely
     assert mask_of(manager, "closed") is not None
     for t in tok.encode("hmm, let me see</think>", add_special_tokens=False):

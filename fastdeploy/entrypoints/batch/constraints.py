@@ -147,8 +147,7 @@ def forced_call_params(params: SamplingParams, tools: Optional[list], tool_choic
     if constraint_key is not None:
         raise ValueError(f"tool_choice={tool_choice!r} constrains the output to a tool call by its own JSON "
                          f"schema, and {constraint_key} constrains it too: give one or the other")
-    guided = GuidedDecodingParams(json=tool_choices.tool_choice_schema(tools, tool_choice))
-    return params.clone(guided_decoding=guided, structured_outputs=guided)
+    return tool_choices.forced_params(params, tool_choices.tool_choice_schema(tools, tool_choice))
 
 
 def parser_reads_calls(kind: str, tools: Optional[list], tool_choice) -> bool:
