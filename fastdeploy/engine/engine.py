@@ -101,13 +101,15 @@ class LLMEngine:
         self.structured_output.validate(prepared.sampling_params, index)
         return prepared
 
-    def enqueue(self, prepared: PreparedPrompt) -> str:
-        """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id."""
+    def enqueue(self, prepared: PreparedPrompt, stream: bool = False) -> str:
+        """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id.
+        `stream`: `step()` returns a delta RequestOutput for it every step it advances
+        (output/stream_delta.py), the last with finished=True, instead of one at the end."""
         group_id = str(self._next_id)
         self._next_id += 1
         params = prepared.sampling_params
         request_ids = [group_id] if params.n == 1 else [f"{group_id}-{i}" for i in range(params.n)]
-        self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids)
+        self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids, stream)
         self.structured_output.add_requests(request_ids, params, prepared.prompt_token_ids)
         for i, request_id in enumerate(request_ids):
             self.scheduler.add_request(Request(
@@ -138,7 +140,8 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one model step; returns the outputs of prompts whose completions all finished in it."""
+        """Run one model step; returns the outputs of prompts whose completions all finished in it, and
+        the deltas of streamed prompts that advanced in it."""
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []

@@ -12,6 +12,10 @@ parser (if any) reads the calls in the answer that follows the thinking: `tool_c
 and `text` keeps what the model wrote outside the calls (tool_parsers/base.py `parse_completion`).
 `set_tool_call_reader` replaces that step for one prompt (LLM.chat's tool_choice: "none" reads
 nothing, a forced call reads the JSON its schema produced).
+
+A streamed prompt (`add_prompt(..., stream=True)`) gets a delta RequestOutput every step one of its
+completions advances (finished=True on the last), rather than one RequestOutput at the end:
+output/stream_delta.py says what each delta carries and what it holds back.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.request_state import GroupState, RequestState
 from fastdeploy.output.stop_checker import append_token
+from fastdeploy.output.stream_delta import has_news, take_delta, visible_answer
 from fastdeploy.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger("fastdeploy")
@@ -38,8 +43,10 @@ class OutputProcessor:
         self.groups: dict[str, GroupState] = {}
         self.states: dict[str, RequestState] = {}  # unfinished completions by request id
 
-    def add_prompt(self, group_id: str, request_ids: list[str], prepared, eos_token_ids: frozenset) -> None:
-        """Track a queued prompt (an input/ PreparedPrompt) as its completions `request_ids` (n of them)."""
+    def add_prompt(self, group_id: str, request_ids: list[str], prepared, eos_token_ids: frozenset,
+                   stream: bool = False) -> None:
+        """Track a queued prompt (an input/ PreparedPrompt) as its completions `request_ids` (n of them);
+        `stream`: its outputs are deltas, one each step it advances (output/stream_delta.py)."""
         params, arrival = prepared.sampling_params, time.time()
         completions = [
             RequestState(
@@ -56,7 +63,8 @@ class OutputProcessor:
         self.groups[group_id] = GroupState(group_id, prepared.prompt, prepared.prompt_token_ids, completions,
                                            prompt_logprobs,
                                            num_input_image_tokens=prepared.num_placeholder_tokens("image"),
-                                           num_input_video_tokens=prepared.num_placeholder_tokens("video"))
+                                           num_input_video_tokens=prepared.num_placeholder_tokens("video"),
+                                           stream=stream)
         for state in completions:
             self.states[state.request_id] = state
 
@@ -89,7 +97,7 @@ class OutputProcessor:
         each ends with finish_reason "abort" and its error, after its token is appended."""
         for req_id, scores in runner_output.prompt_logprobs.items():
             self._store_prompt_logprobs(req_id, scores)
-        finished_ids, outputs = [], []
+        finished_ids, advanced = [], {}
         for req_id, token_id in runner_output.sampled_token_ids.items():
             state = self.states.get(req_id)
             if state is None:  # no completion waits for it (aborted): the scheduler must drop it too
@@ -100,9 +108,16 @@ class OutputProcessor:
                 state.finish_reason, state.error, done = "abort", failed[req_id], True
             if done:
                 finished_ids.append(req_id)
-                output = self._finish(state)
-                if output is not None:
-                    outputs.append(output)
+                del self.states[req_id]
+            advanced[state.group_id] = self.groups[state.group_id]
+        outputs = []
+        for group in advanced.values():
+            if group.finished:
+                del self.groups[group.request_id]
+            if group.stream:
+                outputs.append(self._make_output(group, delta=True))
+            elif group.finished:
+                outputs.append(self._make_output(group))
         return finished_ids, outputs
 
     def _append(self, state: RequestState, token_id: int, logprobs) -> bool:
@@ -128,15 +143,6 @@ class OutputProcessor:
             token_id = group.prompt_token_ids[position]
             group.prompt_logprobs[position] = logprobs_dict(scores.logprobs, i, token_id, self.token_texts)
 
-    def _finish(self, state: RequestState) -> Optional[RequestOutput]:
-        """Forget a finished completion; the prompt's RequestOutput once all n have finished."""
-        del self.states[state.request_id]
-        group = self.groups[state.group_id]
-        if not group.finished:
-            return None
-        del self.groups[group.request_id]
-        return self._make_output(group)
-
     def abort(self, group_id: str) -> tuple[list[str], Optional[RequestOutput]]:
         """Stop a prompt's unfinished completions: (the ids of all its completions, for the scheduler
         to drop; the prompt's output with finish_reason "abort" on the unfinished ones), or
@@ -149,18 +155,30 @@ class OutputProcessor:
             if not state.finished:
                 state.finish_reason = "abort"
             self.states.pop(state.request_id, None)
-        return aborted, self._make_output(group)
+        return aborted, self._make_output(group, delta=group.stream)
 
     # ---- RequestOutput ------------------------------------------------------------------------------
-    def _make_output(self, group: GroupState) -> RequestOutput:
+    def _make_output(self, group: GroupState, delta: bool = False) -> RequestOutput:
+        """The prompt's RequestOutput once all its completions have finished; with `delta` (a streamed
+        prompt) what each completion added since the last delta (output/stream_delta.py), every step."""
         errors = [c.error for c in group.completions if c.error is not None]
+        if delta:
+            completions = [take_delta(c, self._completion(c, group.prompt_token_ids)) for c in group.completions
+                           if has_news(c)]
+            completions = [c for c in completions if c.token_ids or c.finish_reason is not None]
+        else:
+            completions = [self._completion(c, group.prompt_token_ids) for c in group.completions]
+        prompt_logprobs = group.prompt_logprobs
+        if delta:  # the prompt's logprobs come once, on the first delta
+            prompt_logprobs, group.prompt_logprobs_sent = (None if group.prompt_logprobs_sent else prompt_logprobs,
+                                                           True)
         return RequestOutput(
             request_id=group.request_id,
             prompt=group.prompt,
             prompt_token_ids=list(group.prompt_token_ids),
-            prompt_logprobs=group.prompt_logprobs,
-            outputs=CompletionOutputs(self._completion(c, group.prompt_token_ids) for c in group.completions),
-            finished=True,
+            prompt_logprobs=prompt_logprobs,
+            outputs=CompletionOutputs(completions),
+            finished=group.finished,
             metrics=_metrics(group),
             num_cached_tokens=group.num_cached_tokens,
             num_input_image_tokens=group.num_input_image_tokens,
@@ -170,6 +188,7 @@ class OutputProcessor:
         )
 
     def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
+        """The completion as it stands; a running one without the text it holds back (stream_delta.py)."""
         wants_logprobs = state.logprobs is not None
         full = reasoning_text = state.detokenizer.text
         reasoning, tool_calls = None, None
@@ -178,7 +197,9 @@ class OutputProcessor:
                 full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
         text = reasoning_text
-        if state.read_tool_calls is not None:
+        if not state.finished:
+            text = visible_answer(text, state)
+        elif state.read_tool_calls is not None:
             tool_calls, text = state.read_tool_calls(full, reasoning, reasoning_text)
         return CompletionOutput(
             index=state.index,

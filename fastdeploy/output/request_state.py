@@ -27,10 +27,22 @@ class RequestState:
     stop_reason: Union[int, str, None] = None
     error: Optional[str] = None  # set when the completion failed at run time
     read_tool_calls: Optional[Callable] = None  # (text, reasoning, answer) -> (tool_calls, text); None: no calls
+    sent: "Optional[SentSoFar]" = None  # a streamed completion: what its deltas have carried
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class SentSoFar:
+    """How much of a streamed completion its deltas have carried (output/stream_delta.py)."""
+
+    tokens: int = 0
+    text: int = 0  # characters of the answer
+    reasoning: int = 0  # characters of reasoning_content
+    logprobs: int = 0
+    finished: bool = False  # the last delta, with the finish_reason, has gone
 
 
 @dataclass(eq=False)
@@ -45,6 +57,8 @@ class GroupState:
     num_cached_tokens: int = 0
     num_input_image_tokens: int = 0  # prompt tokens standing for images
     num_input_video_tokens: int = 0  # and for videos
+    stream: bool = False  # deliver a delta RequestOutput every step it advances, not one at the end
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
