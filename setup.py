@@ -31,6 +31,10 @@ setup(
         "transformers>=5,<6",
         # structured outputs (fastdeploy/structured_output/): Rust, no dependencies, ~3 MB
         "llguidance>=1.0,<2",
+        # the OpenAI-compatible API server (fastdeploy/entrypoints/openai/)
+        "fastapi",
+        "uvicorn",
+        "prometheus-client",
     ],
     entry_points={"console_scripts": ["fastdeploy = fastdeploy.entrypoints.cli:main"]},
     extras_require={

@@ -5,8 +5,10 @@ An unknown keyword raises TypeError listing the accepted ones (never silently dr
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import json
 import logging
 import warnings
 from dataclasses import dataclass
@@ -26,6 +28,9 @@ QUANTIZATIONS = ("wint8", "wint4")
 TASKS = ("auto", "generate")  # vLLM's `task` values this engine serves (it has no pooling models)
 GUIDED_DECODING_BACKENDS = ("auto", "guidance", "xgrammar", "off")
 SERVER_PORTS = ("port", "metrics_port", "engine_worker_queue_port")  # FastDeploy's server settings
+_CLI_TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str,
+              # dicts and lists as JSON: --limit-mm-per-prompt '{"image": 4}' --logits-processors '["LogitBiasLogitsProcessor"]'
+              "Optional[dict]": json.loads, "Optional[list]": json.loads}
 
 
 @dataclass
@@ -363,6 +368,28 @@ class EngineArgs:
             guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
             logits_processors=list(self.logits_processors or ()),
         )
+
+
+def add_cli_args(parser: argparse.ArgumentParser, skip: tuple = ()) -> None:
+    """One --kebab-case flag per EngineArgs field (booleans as --x / --no-x, dicts and lists as JSON),
+    except those in `skip`; unset flags keep the LLM(...) default. The commands' one flag generator
+    (run-batch, the API server)."""
+    group = parser.add_argument_group("engine arguments (LLM(...) keywords)")
+    for f in dataclasses.fields(EngineArgs):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", "Optional[bool]"):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"default {f.default}")
+        else:
+            group.add_argument(flag, dest=f.name, type=_CLI_TYPES[f.type], default=None, help=f"default {f.default}")
+
+
+def cli_engine_kwargs(args: argparse.Namespace) -> dict:
+    """The LLM(...) keywords the command line set (and `model`, always) from add_cli_args' flags."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)
+            if hasattr(args, f.name) and (getattr(args, f.name) is not None or f.name == "model")}
 
 
 def _check_port(name: str, value, allow_list: bool = False) -> None:

@@ -28,7 +28,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Optional
+from typing import AsyncIterator, Optional
 
 from fastdeploy.engine.request import RequestOutput
 
@@ -52,7 +52,7 @@ class EngineStats:
 
 
 @dataclass(eq=False)
-class _Stream:
+class _Channel:
     """One request's way back: its queue on the caller's event loop."""
 
     loop: asyncio.AbstractEventLoop
@@ -61,19 +61,15 @@ class _Stream:
 
 
 class AsyncEngine:
-    """Runs `engine` (an LLMEngine) continuously on a daemon thread.
+    """Runs `engine` (an LLMEngine) continuously on a daemon thread."""
 
-    on_finished(output): called on the loop thread with each prompt's last RequestOutput (metrics).
-    """
-
-    def __init__(self, engine, on_finished: Optional[Callable[[RequestOutput], None]] = None):
+    def __init__(self, engine):
         self.engine = engine
-        self.on_finished = on_finished
         self.stats = EngineStats()
         self.dead: Optional[BaseException] = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}  # by request id; the loop thread's alone
+        self._streams: dict[str, _Channel] = {}  # by request id; the loop thread's alone
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="fastdeploy-engine-loop", daemon=True)
 
@@ -81,26 +77,27 @@ class AsyncEngine:
     def start(self) -> None:
         self._thread.start()
 
-    async def generate(self, prepared, tool_call_reader=UNSET) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prepared, tool_call_reader=UNSET, stream: bool = True) -> AsyncIterator[RequestOutput]:
         """Queue a prompt made by `engine.make_request` and yield its delta RequestOutputs as the
-        loop produces them, the last with finished=True. Leaving the loop early (break, an
+        loop produces them, the last with finished=True (stream=False: only one, the whole output
+        once every completion has finished). Leaving the loop early (break, an
         exception, a cancelled task) aborts the request. `tool_call_reader`: as
         OutputProcessor.set_tool_call_reader (None: no tool calls are read); UNSET keeps the
         engine's tool parser. Raises EngineDeadError when the engine has stopped."""
         self._check_alive()
-        stream = _Stream(asyncio.get_running_loop())
-        self._send(("add", prepared, stream, tool_call_reader))
+        channel = _Channel(asyncio.get_running_loop())
+        self._send(("add", prepared, channel, tool_call_reader, stream))
         finished = False
         try:
             while not finished:
-                item = await stream.queue.get()
+                item = await channel.queue.get()
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {type(item).__name__}: {item}") from item
                 finished = item.finished
                 yield item
         finally:
             if not finished:
-                self._send(("abort", stream))
+                self._send(("abort", channel))
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the loop (queued and running requests are aborted: their streams end with
@@ -165,11 +162,11 @@ class AsyncEngine:
             else:
                 self._abort_all()
 
-    def _add(self, prepared, stream: _Stream, tool_call_reader) -> None:
+    def _add(self, prepared, stream: _Channel, tool_call_reader, deltas: bool) -> None:
         if self._stopping:
             self._post([(stream, EngineDeadError("the engine is shutting down"))])
             return
-        request_id = self.engine.enqueue(prepared, stream=True)
+        request_id = self.engine.enqueue(prepared, stream=deltas)
         if tool_call_reader is not UNSET:
             self.engine.output_processor.set_tool_call_reader(request_id, tool_call_reader)
         stream.request_id = request_id
@@ -183,8 +180,6 @@ class AsyncEngine:
                 continue
             if output.finished:
                 del self._streams[output.request_id]
-                if self.on_finished is not None:
-                    self.on_finished(output)
             items.append((stream, output))
         self._post(items)
 

@@ -15,30 +15,10 @@ See docs/run_batch.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from typing import Optional
 
-from fastdeploy.engine.args_utils import EngineArgs
-
-_TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str,
-          # dicts and lists as JSON: --limit-mm-per-prompt '{"image": 4}' --logits-processors '["LogitBiasLogitsProcessor"]'
-          "Optional[dict]": json.loads, "Optional[list]": json.loads}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One --kebab-case flag per EngineArgs field (booleans as --x / --no-x); unset flags keep the
-    LLM(...) default."""
-    group = parser.add_argument_group("engine arguments (LLM(...) keywords)")
-    for f in dataclasses.fields(EngineArgs):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", "Optional[bool]"):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"default {f.default}")
-        else:
-            group.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=None, help=f"default {f.default}")
-
+from fastdeploy.engine.args_utils import add_cli_args, cli_engine_kwargs
 
 def make_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
@@ -48,7 +28,7 @@ def make_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="N Ray actors, each with its own LLM (pip install fastdeploy[ray])")
     parser.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local instance)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_engine_args(parser)
+    add_cli_args(parser)
     return parser
 
 
@@ -57,8 +37,7 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None) -> int:
     args = parser.parse_args(argv)
     if args.data_parallel_size < 1:
         parser.error(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
-    engine_kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)
-                     if getattr(args, f.name) is not None or f.name == "model"}
+    engine_kwargs = cli_engine_kwargs(args)
     from fastdeploy.entrypoints.batch.runner import run_job
 
     try:

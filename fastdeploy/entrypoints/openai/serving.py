@@ -1,0 +1,110 @@
+"""The completion endpoints: a parsed OpenAI request -> the engine loop -> a response body or an SSE stream.
+
+Both endpoints share one path: the request's prompts are prepared off the event loop (chat template,
+tokenization, grammar compilation: prepare.py), each runs on the AsyncEngine, and the results become
+OpenAI's bodies or chunks (responses.py). A prompt list of /v1/completions runs as one engine
+request per prompt, all at once; choice i * n + j is prompt i's completion j.
+
+Streams: `data: {chunk}\\n\\n` per chunk, then `data: [DONE]\\n\\n`. An engine that dies mid-stream
+ends the stream with one `data: {"error": {...}}` event before [DONE]. A client that goes away
+cancels the response, which aborts its engine requests (their KV blocks are freed at the next step).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from fastdeploy.engine.async_engine import AsyncEngine, EngineDeadError
+from fastdeploy.entrypoints.openai import prepare, responses
+from fastdeploy.entrypoints.openai.metrics import ServerMetrics
+from fastdeploy.entrypoints.openai.protocol import OpenAIError, OpenAIRequest
+
+logger = logging.getLogger("fastdeploy")
+DONE = "data: [DONE]\n\n"
+
+
+class OpenAIServing:
+    """What the endpoints run on: the LLM (templates, tokenizer, validation), its engine loop, metrics."""
+
+    def __init__(self, llm, engine: AsyncEngine, metrics: ServerMetrics):
+        self.llm, self.engine, self.metrics = llm, engine, metrics
+
+    async def prepare(self, request: OpenAIRequest) -> list:
+        """The request's prepared prompts, made on a worker thread; OpenAIError 400 for bad input."""
+        try:
+            return await asyncio.to_thread(prepare.prepare, self.llm, request)
+        except (ValueError, TypeError, FileNotFoundError, ConnectionError) as e:
+            raise OpenAIError(400, str(e), code="invalid_parameter") from e
+
+    async def complete(self, request: OpenAIRequest, prepared: list) -> dict:
+        """The whole response body once every completion has finished."""
+        reader = prepare.tool_call_reader(request)
+        outputs = await asyncio.gather(*(self._final(p, reader) for p in prepared))
+        for output in outputs:
+            if output.error_code != 200:
+                raise OpenAIError(500, output.error_msg or "the request failed", type="internal_server_error",
+                                  code="internal_error")
+        params = request.sampling_params
+        if request.kind == "chat":
+            return responses.chat_completion_body(outputs[0], params, request.model)
+        return responses.completion_body(outputs, params, request.model)
+
+    async def _final(self, prepared, reader):
+        output = None
+        async for output in self.engine.generate(prepared, reader, stream=False):
+            pass
+        self.metrics.observe(output, [(c.send_idx, c.finish_reason or "abort") for c in output.outputs])
+        return output
+
+    async def stream(self, request: OpenAIRequest, prepared: list) -> AsyncIterator[str]:
+        """The SSE events of a streamed response, ending with [DONE]."""
+        chunks = responses.ChatStream(request) if request.kind == "chat" else responses.CompletionStream(request)
+        finished: dict[int, list] = {i: [] for i in range(len(prepared))}
+        try:
+            async for index, delta in self._deltas(request, prepared):
+                for c in delta.outputs:
+                    if c.finish_reason is not None:
+                        finished[index].append((c.send_idx, c.finish_reason))
+                if delta.finished:
+                    self.metrics.observe(delta, finished[index])
+                for chunk in chunks.feed(delta, index):
+                    yield responses.sse(chunk)
+            for chunk in chunks.finish():
+                yield responses.sse(chunk)
+        except EngineDeadError as e:
+            yield responses.sse(OpenAIError(500, str(e), type="internal_server_error", code="engine_dead").body())
+        yield DONE
+
+    async def _deltas(self, request: OpenAIRequest, prepared: list) -> AsyncIterator[tuple[int, object]]:
+        """(prompt index, delta RequestOutput) of every prompt, in the order they come."""
+        reader = prepare.tool_call_reader(request)
+        if len(prepared) == 1:
+            async for delta in self.engine.generate(prepared[0], reader):
+                yield 0, delta
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, p) -> None:
+            try:
+                async for delta in self.engine.generate(p, reader):
+                    await merged.put((index, delta))
+            except BaseException as e:  # noqa: BLE001 - handed to the reader, which raises it
+                await merged.put((index, e))
+                return
+            await merged.put((index, None))
+
+        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+        try:
+            open_prompts = len(tasks)
+            while open_prompts:
+                index, item = await merged.get()
+                if item is None:
+                    open_prompts -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:  # a client that left: every prompt's request is aborted
+                task.cancel()
