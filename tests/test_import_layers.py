@@ -20,6 +20,7 @@ DESIGN = PACKAGE_ROOT.parent / "docs" / "design.md"
 # Top to bottom, as docs/design.md's table. Each entry: (layer, module prefixes).
 LAYERS = [
     ("batch jobs", ["fastdeploy.entrypoints.run_batch", "fastdeploy.entrypoints.batch", "fastdeploy.entrypoints.cli"]),
+    ("server", ["fastdeploy.entrypoints.openai"]),
     ("facade", ["fastdeploy", "fastdeploy.entrypoints"]),
     ("engine", ["fastdeploy.engine"]),
     ("settings", ["fastdeploy.engine.args_utils", "fastdeploy.config"]),

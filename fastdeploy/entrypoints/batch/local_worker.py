@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Iterator, Optional
 
-from fastdeploy.entrypoints.batch import constraints
 from fastdeploy.entrypoints.batch.format import INVALID_PARAMETER, BatchRequest, error_record, response_record
+from fastdeploy.entrypoints.openai import constraints
 from fastdeploy.tool_parsers import tool_choice as tool_choices
 
 WINDOW_PER_SEQ = 4  # requests queued per batch slot

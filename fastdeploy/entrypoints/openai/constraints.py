@@ -1,10 +1,10 @@
-"""Body keys that shape what a batch request may output: structured outputs, logits processing, tools.
+"""Body keys that shape what a request may output: structured outputs, logits processing, tools.
 
-Pure data, no engine; format.py calls these while it parses a line. Every function raises
-ValueError (or TypeError from the checks it shares with `LLM.chat`) whose message names the body
-key, the value and what is allowed; format.py turns it into the line's error record. The keys,
-their sources (OpenAI's API, vLLM's extra body keys, FastDeploy's) and what each maps to are in
-docs/batch_format.md:
+Pure data, no engine; protocol.py calls these while it parses a body (for the server and for
+run-batch). Every function raises ValueError (or TypeError from the checks it shares with
+`LLM.chat`) whose message names the body key, the value and what is allowed; protocol.py turns it
+into a 400. The keys, their sources (OpenAI's API, vLLM's extra body keys, FastDeploy's) and what
+each maps to are in docs/batch_format.md:
 
 - `response_format`: `{"type": "text"}` (no constraint), `{"type": "json_object"}`
   (json_object=True), `{"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
