@@ -81,8 +81,8 @@ def build_state(args):
     keys = args.api_key or ([os.environ["FD_API_KEY"]] if os.environ.get("FD_API_KEY") else [])
     names = args.served_model_name or [args.model if args.model is not None else "default"]
     config = llm.llm_engine.config
-    return ServerState(serving=serving, served_model_names=names, model_path=str(config.model_config.model),
-                       max_model_len=config.model_config.max_model_len, api_keys=keys,
+    return ServerState(serving=serving, served_model_names=names, model_path=str(config.model_path),
+                       max_model_len=config.scheduler_config.max_model_len, api_keys=keys,
                        max_concurrency=args.max_concurrency,
                        metrics_on_api_port=args.metrics_port in (None, args.port))
 
