@@ -76,6 +76,11 @@ class BatchRequest:
     guided_decoding_backend: Optional[str] = None  # the body's; the worker accepts only its LLM's
     constraint_key: Optional[str] = None  # the body key the output constraint came from ("tool_choice" too)
 
+    @property
+    def prompts(self) -> Optional[list]:
+        """completion: the one prompt as a list (the server's form, entrypoints/openai/prepare.py)."""
+        return None if self.prompt is None else [self.prompt]
+
 
 class BatchLineError(ValueError):
     """A line that cannot become a request.

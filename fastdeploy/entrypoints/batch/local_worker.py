@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable, Iterator, Optional
 
+from fastdeploy.engine.async_engine import UNSET
 from fastdeploy.entrypoints.batch.format import INVALID_PARAMETER, BatchRequest, error_record, response_record
-from fastdeploy.entrypoints.openai import constraints
-from fastdeploy.tool_parsers import tool_choice as tool_choices
+from fastdeploy.entrypoints.openai import prepare
 
 WINDOW_PER_SEQ = 4  # requests queued per batch slot
 
@@ -60,46 +60,18 @@ class LocalWorker:
     def _enqueue(self, request: BatchRequest) -> tuple[Optional[str], Optional[dict]]:
         """(engine request id, None), or (None, an error record) when the engine refuses it."""
         engine = self.llm.llm_engine
-        refusal = self._refusal(request)
-        if refusal is not None:
-            return None, error_record(request.custom_id, request.line, INVALID_PARAMETER, refusal)
+        reason = prepare.refusal(self.llm, request)
+        if reason is not None:
+            return None, error_record(request.custom_id, request.line, INVALID_PARAMETER, reason)
         try:
-            text, ids, mm_data = self._prompt(request)
-            request_id = engine.enqueue(engine.make_request(text, ids, request.sampling_params, mm_data=mm_data))
+            [prepared] = prepare.make_requests(self.llm, request)
         except (ValueError, TypeError, FileNotFoundError, ConnectionError) as e:
             return None, error_record(request.custom_id, request.line, "invalid_request", str(e))
-        if not constraints.parser_reads_calls(request.kind, request.tools, request.tool_choice):
-            forced = tool_choices.forces_call(request.tool_choice)
-            reader = tool_choices.forced_call_reader(request.tool_choice) if forced else None
+        request_id = engine.enqueue(prepared)
+        reader = prepare.tool_call_reader(request)
+        if reader is not UNSET:
             engine.output_processor.set_tool_call_reader(request_id, reader)
         return request_id, None
-
-    def _refusal(self, request: BatchRequest) -> Optional[str]:
-        """Why this LLM cannot take the request's output keys (None: it can): a guided_decoding_backend
-        other than its own, tool_choice "auto" without a tool_call_parser, a constraint that does not
-        compile (named by the body key it came from)."""
-        engine = self.llm.llm_engine
-        config = engine.config
-        wanted = request.guided_decoding_backend
-        if wanted is not None and wanted != config.guided_decoding_backend:
-            return (f"guided_decoding_backend={wanted!r}: per-request backends are not supported; this run's backend "
-                    f"is {config.guided_decoding_backend!r} (--guided-decoding-backend): give that or leave the key out")
-        if request.tool_choice == "auto" and not config.tool_call_parser:
-            return "tool_choice='auto' needs a tool call parser: run-batch --tool-call-parser NAME"
-        if request.constraint_key is not None:
-            try:
-                engine.structured_output.validate(request.sampling_params)
-            except ValueError as e:
-                return f"{request.constraint_key}: {e}"
-        return None
-
-    def _prompt(self, request: BatchRequest) -> tuple:
-        """(prompt text or None, token ids or None, images/videos or None), made by the same code as
-        LLM.chat / LLM.generate."""
-        if request.kind == "chat":
-            return self.llm._render_chat(request.messages, self.llm.chat_template, request.chat_template_kwargs, 0,
-                                         request.tools)
-        return self.llm._normalize_one(request.prompt, 0)
 
     def shutdown(self) -> None:
         self.llm.llm_engine.shutdown()

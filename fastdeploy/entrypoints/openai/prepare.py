@@ -46,15 +46,20 @@ def prompt_items(llm, request) -> list[tuple]:
     return [llm._normalize_one(prompt, i) for i, prompt in enumerate(request.prompts)]
 
 
-def prepare(llm, request) -> list:
+def make_requests(llm, request) -> list:
     """The request's prompts, validated and ready for `LLMEngine.enqueue` / `AsyncEngine.generate`.
     Raises ValueError/TypeError (bad input), FileNotFoundError/ConnectionError (a media URL)."""
-    reason = refusal(llm, request)
-    if reason is not None:
-        raise ValueError(reason)
     engine = llm.llm_engine
     return [engine.make_request(text, ids, request.sampling_params, i, mm)
             for i, (text, ids, mm) in enumerate(prompt_items(llm, request))]
+
+
+def prepare(llm, request) -> list:
+    """`make_requests` after `refusal` (its reason a ValueError)."""
+    reason = refusal(llm, request)
+    if reason is not None:
+        raise ValueError(reason)
+    return make_requests(llm, request)
 
 
 def tool_call_reader(request):
