@@ -100,8 +100,9 @@ def completion_choice(c: CompletionOutput, index: int) -> dict:
 def prompt_logprobs(per_token: list) -> list:
     """vLLM's `prompt_logprobs`: per prompt token None (the first) or {"token id": {"logprob",
     "rank", "decoded_token"}}."""
-    return [None if d is None else {str(t): {"logprob": _logprob(lp), "rank": lp.rank, "decoded_token": lp.decoded_token}
-                                    for t, lp in d.items()} for d in per_token]
+    return [None if d is None else {str(t): {"logprob": _logprob(lp), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in d.items()}
+            for d in per_token]
 
 
 def _check(output: RequestOutput) -> None:

@@ -20,8 +20,8 @@ from fastdeploy.entrypoints.openai.protocol import (
 
 NAMES = ["served", "alias"]
 MSGS = [{"role": "user", "content": "Hi"}]
-WEATHER = {"type": "function", "function": {"name": "get_weather",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
 
 
 def chat(**body):
