@@ -178,3 +178,17 @@ def test_any_wrong_type_is_400_naming_the_key(kind):
                 assert key in e.message, (key, value, e.message)
                 assert not e.message.startswith(("TypeError", "ValueError", "KeyError")), (key, value, e.message)
     assert failures > len(keys) * 3  # most of these are wrong for most keys
+
+
+def test_run_batch_parses_a_body_as_the_server_does():
+    import json
+
+    from fastdeploy.entrypoints.batch.format import parse_request_line
+
+    body = {"messages": MSGS, "temperature": 0.3, "top_k": 5, "stop": ["x"], "max_completion_tokens": 9,
+            "logprobs": True, "top_logprobs": 2, "tools": [WEATHER], "tool_choice": "required", "model": "served"}
+    server = parse_chat_request(body, NAMES)
+    batch = parse_request_line(json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": body}), 1)
+    assert batch.sampling_params == server.sampling_params
+    assert (batch.messages, batch.tools, batch.tool_choice, batch.constraint_key) == \
+        (server.messages, server.tools, server.tool_choice, server.constraint_key)
