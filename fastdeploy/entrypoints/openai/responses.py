@@ -100,8 +100,9 @@ def completion_choice(c: CompletionOutput, index: int) -> dict:
 def prompt_logprobs(per_token: list) -> list:
     """vLLM's `prompt_logprobs`: per prompt token None (the first) or {"token id": {"logprob",
     "rank", "decoded_token"}}."""
-    return [None if d is None else {str(t): {"logprob": _logprob(lp), "rank": lp.rank, "decoded_token": lp.decoded_token}
-                                    for t, lp in d.items()} for d in per_token]
+    return [None if d is None else {str(t): {"logprob": _logprob(lp), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in d.items()}
+            for d in per_token]
 
 
 def _check(output: RequestOutput) -> None:
@@ -186,8 +187,7 @@ def _completion_logprobs(c: CompletionOutput, offset: int) -> tuple[Optional[dic
 
 # ---- streams -------------------------------------------------------------------------------------------
 class _Stream:
-    """What both streams keep: the response's id and created time, the usage so far, which
-    choices have started (and their completion-text offsets)."""
+    """What both streams keep: the response's id and created time, and the usage so far."""
 
     kind = ""
     object = ""
@@ -199,21 +199,19 @@ class _Stream:
         self.created = int(time.time())
         self.prompt_tokens: dict[int, int] = {}  # prompt index -> its tokens
         self.cached_tokens: dict[int, int] = {}
-        self.prompt_logprobs: dict[int, list] = {}  # prompt index -> vLLM's prompt_logprobs
         self.completion_tokens = 0
-        self.started: set[int] = set()  # choice indices that have had a chunk
-        self.finished: set[int] = set()
+        self.finished: set[int] = set()  # choice indices
 
     def feed(self, delta: RequestOutput, prompt_index: int = 0) -> list[dict]:
-        """The chunks of one delta RequestOutput of prompt `prompt_index`: one per completion that
-        has something to say (a choice's first chunk, new text, reasoning or logprobs, its finish).
-        A second finish_reason for one choice is a ValueError (the engine's contract broken)."""
+        """The chunks of one delta RequestOutput of prompt `prompt_index` (0 for chat): one per
+        completion that has something to say (new text, reasoning, logprobs or tool calls, its
+        finish), after the opening chunks of a prompt's first delta. A second finish_reason for
+        one choice is a ValueError (the engine's delta contract broken)."""
+        chunks = []
         if prompt_index not in self.prompt_tokens:
             self.prompt_tokens[prompt_index] = len(delta.prompt_token_ids)
+            chunks += self._opening(prompt_index, delta.prompt_logprobs)
         self.cached_tokens[prompt_index] = delta.num_cached_tokens
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs[prompt_index] = prompt_logprobs(delta.prompt_logprobs)
-        chunks = []
         for c in delta.outputs:
             self.completion_tokens += len(c.token_ids)
             index = prompt_index * self.n + c.index
@@ -221,13 +219,9 @@ class _Stream:
                 if index in self.finished:
                     raise ValueError(f"choice {index} finished twice (finish_reason {c.finish_reason!r})")
                 self.finished.add(index)
-            choice = self._choice(c, index, first=index not in self.started)
+            choice = self._choice(c, index)
             if choice is not None:
-                chunk = self._chunk([choice])
-                if index not in self.started and prompt_index in self.prompt_logprobs:
-                    self._add_prompt_logprobs(chunk, self.prompt_logprobs[prompt_index])
-                self.started.add(index)
-                chunks.append(chunk)
+                chunks.append(self._chunk([choice]))
         return chunks
 
     def finish(self) -> list[dict]:
@@ -244,28 +238,36 @@ class _Stream:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.request.model,
                 "choices": choices, "usage": usage_}
 
-    def _choice(self, c: CompletionOutput, index: int, first: bool) -> Optional[dict]:
-        """The chunk's choice for completion `c` (choice `index`), or None when it says nothing."""
+    def _opening(self, prompt_index: int, prompt_logprobs_: Optional[list]) -> list[dict]:
+        """The chunks sent before a prompt's first completion chunk."""
         raise NotImplementedError
 
-    def _add_prompt_logprobs(self, chunk: dict, logprobs: list) -> None:
-        """Put the prompt's logprobs on a choice's first chunk (as the body puts them)."""
+    def _choice(self, c: CompletionOutput, index: int) -> Optional[dict]:
+        """The chunk's choice for delta `c` (choice `index`), or None when it says nothing."""
         raise NotImplementedError
 
 
 class ChatStream(_Stream):
-    """The `chat.completion.chunk`s of one streamed chat response. A choice's first chunk carries
-    `delta.role`; `delta.content` the new text, `delta.reasoning_content` new reasoning, and the
-    last `delta.tool_calls` ([{index, id, type, function: {name, arguments}}], whole) with
-    finish_reason "tool_calls" where the completion stopped by itself."""
+    """The `chat.completion.chunk`s of one streamed chat response. It opens with one chunk per
+    choice, in index order, holding `delta: {"role": "assistant", "content": ""}` (OpenAI's first
+    chunk; the client's accumulator needs the choices in order and no logprobs there) and
+    `prompt_logprobs` at the top level of the first when asked for. Then `delta.content` the new
+    text, `delta.reasoning_content` new reasoning, and the last `delta.tool_calls` ([{index, id,
+    type, function: {name, arguments}}], whole) with finish_reason "tool_calls" where the
+    completion stopped by itself."""
 
     kind = "chat"
     object = "chat.completion.chunk"
 
-    def _choice(self, c: CompletionOutput, index: int, first: bool) -> Optional[dict]:
-        delta = {"role": "assistant"} if first else {}
-        if c.text or first:
-            delta["content"] = c.text
+    def _opening(self, prompt_index: int, prompt_logprobs_: Optional[list]) -> list[dict]:
+        chunks = [self._chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}]) for j in range(self.n)]
+        if prompt_logprobs_ is not None:
+            chunks[0]["prompt_logprobs"] = prompt_logprobs(prompt_logprobs_)  # as in the body: once, at the top
+        return chunks
+
+    def _choice(self, c: CompletionOutput, index: int) -> Optional[dict]:
+        delta = {"content": c.text} if c.text else {}
         if c.reasoning_content:
             delta["reasoning_content"] = c.reasoning_content
         if c.tool_calls:
@@ -275,14 +277,11 @@ class ChatStream(_Stream):
             return None
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": _finish_reason(c)}
 
-    def _add_prompt_logprobs(self, chunk: dict, logprobs: list) -> None:
-        if len(self.started) == 0:  # chat has one prompt: once, at the top level, as in the body
-            chunk["prompt_logprobs"] = logprobs
-
 
 class CompletionStream(_Stream):
     """The `text_completion` chunks of one streamed completion response: `text` the new text,
-    `logprobs` with `text_offset` running across the choice's chunks."""
+    `logprobs` with `text_offset` running across the choice's chunks; a choice's first chunk
+    carries the prompt's `prompt_logprobs` when asked for (as each choice of the body does)."""
 
     kind = "completion"
     object = "text_completion"
@@ -290,12 +289,19 @@ class CompletionStream(_Stream):
     def __init__(self, request: OpenAIRequest):
         super().__init__(request)
         self.offsets: dict[int, int] = {}  # choice index -> characters of its token texts so far
+        self.prompt_logprobs: dict[int, list] = {}  # prompt index -> vLLM's prompt_logprobs, until sent
 
-    def _choice(self, c: CompletionOutput, index: int, first: bool) -> Optional[dict]:
+    def _opening(self, prompt_index: int, prompt_logprobs_: Optional[list]) -> list[dict]:
+        if prompt_logprobs_ is not None:
+            logprobs = prompt_logprobs(prompt_logprobs_)
+            self.prompt_logprobs.update({prompt_index * self.n + j: logprobs for j in range(self.n)})
+        return []
+
+    def _choice(self, c: CompletionOutput, index: int) -> Optional[dict]:
         logprobs, self.offsets[index] = _completion_logprobs(c, self.offsets.get(index, 0))
-        if not (first or c.text or (logprobs and logprobs["tokens"]) or c.finish_reason is not None):
+        if not (c.text or (logprobs and logprobs["tokens"]) or c.finish_reason is not None):
             return None
-        return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
-
-    def _add_prompt_logprobs(self, chunk: dict, logprobs: list) -> None:
-        chunk["choices"][0]["prompt_logprobs"] = logprobs  # each choice of the prompt, as in the body
+        choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+        if index in self.prompt_logprobs:
+            choice["prompt_logprobs"] = self.prompt_logprobs.pop(index)
+        return choice
