@@ -9,6 +9,17 @@ After every call: one output per prompt in input order with the expected prompt 
 valid finish reasons, and each engine idle (no request left, every KV block free, no reference
 count held). RSS is sampled every --rss-every seconds. Exit 1 when an invariant fails or RSS grows
 by more than 1% from the end of the first 10% of the run (warm-up) to the end.
+
+    python benchmarks/soak.py --server --duration 1800 [--clients 4] [--rss-every 30] [--url U --server-pid P]
+
+Server mode: our OpenAI-compatible server on the default model, started here (or the one at --url,
+process --server-pid), gets random completions and chats, streamed or not, greedy or sampled, from
+--clients concurrent tasks, some closing their stream after a few chunks (disconnects), some replaying
+a recorded greedy request. Every request not disconnected is answered exactly once (one [DONE] per
+stream, one finish_reason per choice); greedy replays give the same tokens. After each round of
+--rss-every seconds, /metrics must show no request running or waiting, and the anonymous RSS of the
+server's process tree is sampled. Exit 1 when a check fails or that RSS grows by more than 2% after
+the warm-up (the first 10%).
 """
 from __future__ import annotations
 
