@@ -86,10 +86,15 @@ def server_for(engine: str, args, port: int) -> ServerProcess:
     return ServerProcess(cmd, engines_optional.vllm_env(bt.ENV_AT_START, args.scratch), log, port)
 
 
-def weight_format(engine: str, model: str) -> str:
-    if engine == "ours" and Path(model).suffix == ".gguf":
-        return f"gguf {bt.gguf_type(model)}"
-    return "bf16"
+def weight_format(engine: str, args) -> str:
+    """The weights as the engine's server holds them: bf16, ours' --quantization given in --ours-args, or
+    a GGUF's own type."""
+    if engine == "vllm":
+        return "bf16"
+    flags = shlex.split(args.ours_args)
+    if "--quantization" in flags[:-1]:
+        return flags[flags.index("--quantization") + 1]
+    return f"gguf {bt.gguf_type(args.model)}" if Path(args.model).suffix == ".gguf" else "bf16"
 
 
 def request_body(model_id: str, prompt: list, max_tokens: int) -> dict:
@@ -163,10 +168,10 @@ def run_engine(engine: str, args, prompts: list) -> dict:
         levels = []
         for clients in args.levels:
             levels.append(measure_level(server.url, model_id, prompts, args.output_len, clients))
-            print(row(engine, weight_format(engine, args.model), levels[-1]), flush=True)
+            print(row(engine, weight_format(engine, args), levels[-1]), flush=True)
             for why in levels[-1]["failures"]:
                 print(f"    failed: {why}", flush=True)
-    return {"weight_format": weight_format(engine, args.model), "startup_s": startup, "levels": levels}
+    return {"weight_format": weight_format(engine, args), "startup_s": startup, "levels": levels}
 
 
 HEADER = (f"{'engine, weights':<20}{'clients':>8}{'requests':>9}{'failed':>7}{'out tok/s':>10}{'TTFT p50':>10}"
