@@ -35,7 +35,7 @@ def free_port() -> int:
 def ours_command(model: str, port: int, flags: list) -> list:
     """Our server (this checkout's fastdeploy) on model; flags: engine flags (`--max-num-seqs 32`, ...)."""
     return [sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", "--model", str(model),
-            "--host", "127.0.0.1", "--port", str(port), *flags]
+            "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *flags]
 
 
 def ours_env(env: dict) -> dict:
