@@ -209,8 +209,8 @@ class HF:
         return out[:, width:].tolist()
 
 
-def tree_cpu_seconds(root):
-    """CPU seconds used so far by process `root` and all its live descendants (from /proc/<pid>/stat)."""
+def process_stats():
+    """{pid: (ppid, CPU ticks used so far)} of every live process, from /proc/<pid>/stat."""
     stats = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -219,11 +219,23 @@ def tree_cpu_seconds(root):
         except OSError:  # exited meanwhile
             continue
         stats[int(pid)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime ticks
+    return stats
+
+
+def process_tree(root, stats=None):
+    """The pids of process `root` and all its live descendants (stats: `process_stats()`, read when None)."""
+    stats = process_stats() if stats is None else stats
     tree, grew = {root}, True
     while grew:
         new = {pid for pid, (ppid, _) in stats.items() if ppid in tree} - tree
         tree, grew = tree | new, bool(new)
-    return sum(stats[pid][1] for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
+    return {pid for pid in tree if pid in stats}
+
+
+def tree_cpu_seconds(root):
+    """CPU seconds used so far by process `root` and all its live descendants."""
+    stats = process_stats()
+    return sum(stats[pid][1] for pid in process_tree(root, stats)) / os.sysconf("SC_CLK_TCK")
 
 
 def busy_others():
