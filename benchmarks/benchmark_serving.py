@@ -54,7 +54,7 @@ import numpy as np
 import serving_client
 from server_process import ServerProcess, exit_on_sigterm, free_port, ours_command, ours_env, vllm_command
 
-ENGINES = ("ours", "vllm")
+ENGINES = ("ours", "ours-process", "vllm")  # ours-process: the engine loop in its own process (engine_process_server.py)
 MAX_MODEL_LEN = 1024
 
 
@@ -77,9 +77,11 @@ def server_for(engine: str, args, port: int) -> ServerProcess:
     flags = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max(args.levels)),
              "--no-enable-prefix-caching"]
     log = Path(args.scratch) / "serving_logs" / f"{engine}.log"
-    if engine == "ours":
+    if engine.startswith("ours"):
         dtype = [] if Path(args.model).suffix == ".gguf" else ["--dtype", "bfloat16"]
         cmd = ours_command(args.model, port, flags + dtype + shlex.split(args.ours_args))
+        if engine == "ours-process":
+            cmd[cmd.index("-m"):cmd.index("-m") + 2] = [str(Path(__file__).with_name("engine_process_server.py"))]
         return ServerProcess(cmd, ours_env(bt.ENV_AT_START), log, port)
     cmd = vllm_command(args.vllm_python, args.vllm_model, port, flags + ["--dtype", "bfloat16",
                        "--gpu-memory-utilization", "0.25"] + shlex.split(args.vllm_args))
@@ -195,6 +197,12 @@ def report(results: dict) -> None:
     for engine, res in results.items():
         for m in res["levels"]:
             print(row(engine, res["weight_format"], m))
+    if {"ours", "ours-process"} <= results.keys():
+        print("ratios ours (engine loop on a thread) / ours-process (engine loop in its own process)")
+        for a, b in zip(results["ours"]["levels"], results["ours-process"]["levels"]):
+            print(f"  {a['clients']:>3} clients: output tok/s {ratio(a['output_tok_s'], b['output_tok_s'])}, "
+                  f"p99 TTFT {ratio(a['ttft_p99_ms'], b['ttft_p99_ms'])}, "
+                  f"p50 ITL {ratio(a['itl_p50_ms'], b['itl_p50_ms'])}")
     if not {"ours", "vllm"} <= results.keys():
         return
     ours, vllm = results["ours"], results["vllm"]
