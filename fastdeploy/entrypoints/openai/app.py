@@ -135,7 +135,7 @@ async def _complete(state: ServerState, request: Request, parse):
         prepared = await serving.prepare(parsed)
         if parsed.stream:
             streaming = True
-            return StreamingResponse(_counted(state, serving.stream(parsed, prepared)), media_type="text/event-stream")
+            return _CountedStream(state, serving.stream(parsed, prepared))
         body = await _unless_disconnected(request, serving.complete(parsed, prepared))
         return JSONResponse(body) if body is not None else Response(status_code=499)
     finally:
@@ -143,14 +143,19 @@ async def _complete(state: ServerState, request: Request, parse):
             state.in_flight -= 1
 
 
-async def _counted(state: ServerState, events):
-    """A stream's events, holding its place in `in_flight` until the last one (or the client leaves)."""
-    try:
-        async for event in events:
-            yield event
-    finally:
-        state.in_flight -= 1
-        await events.aclose()
+class _CountedStream(StreamingResponse):
+    """An SSE response that holds its place in `in_flight` until it has been sent, or the client has
+    left (also when that happens before its first event)."""
+
+    def __init__(self, state: ServerState, events):
+        super().__init__(events, media_type="text/event-stream")
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
 
 
 async def _json_body(request: Request) -> dict:
