@@ -19,7 +19,8 @@ from running_server import RunningServer
 NAMES = ("smol", "smol-alias")
 MSGS = [{"role": "user", "content": "Say OK."}]
 ERROR_KEYS = {"message", "type", "param", "code"}
-PNG_1PX = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG_1PX = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhK"
+           "mMIQAAAABJRU5ErkJggg==")
 METRICS = ("fastdeploy:num_requests_running", "fastdeploy:num_requests_waiting", "fastdeploy:gpu_cache_usage_perc",
            "fastdeploy:prompt_tokens_total", "fastdeploy:generation_tokens_total",
            "fastdeploy:time_to_first_token_seconds_count", "fastdeploy:time_per_output_token_seconds_count",
