@@ -28,7 +28,7 @@ from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.request_state import GroupState, RequestState
 from fastdeploy.output.stop_checker import append_token
-from fastdeploy.output.stream_delta import has_news, take_delta, visible_answer, without_partial_tag
+from fastdeploy.output.stream_delta import has_news, take_delta, visible_answer
 from fastdeploy.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger("fastdeploy")
@@ -192,15 +192,13 @@ class OutputProcessor:
         wants_logprobs = state.logprobs is not None
         full = reasoning_text = state.detokenizer.text
         reasoning, tool_calls = None, None
-        parser = self.reasoning_parser
-        if parser is not None:
-            read = full if state.finished else without_partial_tag(full, parser.tags)
-            reasoning, reasoning_text = parser.extract_from_tokens(  # tags may be special tokens
-                read, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
+        if self.reasoning_parser is not None:
+            reasoning, reasoning_text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
+                full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
         text = reasoning_text
         if not state.finished:
-            text = visible_answer(text, state, undecided=parser is not None and reasoning is None)
+            text = visible_answer(text, state)
         elif state.read_tool_calls is not None:
             tool_calls, text = state.read_tool_calls(full, reasoning, reasoning_text)
         return CompletionOutput(

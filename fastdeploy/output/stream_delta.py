@@ -13,10 +13,7 @@ What is held back while the completion runs, so that nothing sent is ever taken 
   finished text; the text outside them and the calls come on the last delta);
 - with a reasoning parser, the split of the text so far into reasoning and answer is recomputed
   each step and each field sends what it gained; a field whose text did not grow past what was sent
-  sends nothing until it does. The parser reads the text without a trailing piece that may be the
-  start of one of its tags (`</thi` may become `</think>`), and a split that found no reasoning yet
-  sends no answer: the text may still turn out to be reasoning (qwen3 calls text before a later
-  `</think>` reasoning), so it goes out once the tag comes or the completion finishes.
+  sends nothing until it does.
 """
 from __future__ import annotations
 
@@ -34,24 +31,12 @@ def held_back(state: RequestState) -> Optional[int]:
     return max(len(s) for s in stops) - 1 if stops and not state.sampling_params.include_stop_str_in_output else 0
 
 
-def visible_answer(answer: str, state: RequestState, undecided: bool = False) -> str:
-    """The part of a running completion's answer that may be sent; none while `undecided` (a
-    reasoning parser found no reasoning yet: the answer so far may still become reasoning)."""
+def visible_answer(answer: str, state: RequestState) -> str:
+    """The part of a running completion's answer that may be sent."""
     hold = held_back(state)
-    if hold is None or undecided:
+    if hold is None:
         return ""
     return answer[: len(answer) - hold] if hold else answer
-
-
-def without_partial_tag(text: str, tags) -> str:
-    """`text` less a trailing piece that is the start, not the whole, of one of `tags` (a tag
-    still being generated), so that a parser reading it never sees half a tag."""
-    longest = max((len(tag) for tag in tags), default=0)
-    for start in range(max(len(text) - longest + 1, 0), len(text)):
-        piece = text[start:]
-        if any(len(piece) < len(tag) and tag.startswith(piece) for tag in tags):
-            return text[:start]
-    return text
 
 
 def has_news(state: RequestState) -> bool:
