@@ -28,7 +28,7 @@ from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
 from fastdeploy.output.request_state import GroupState, RequestState
 from fastdeploy.output.stop_checker import append_token
-from fastdeploy.output.stream_delta import has_news, take_delta, visible_answer
+from fastdeploy.output.stream_delta import has_news, streamed_as_reasoning, take_delta, visible_answer
 from fastdeploy.worker.output import ModelRunnerOutput
 
 logger = logging.getLogger("fastdeploy")
@@ -65,6 +65,10 @@ class OutputProcessor:
                                            num_input_image_tokens=prepared.num_placeholder_tokens("image"),
                                            num_input_video_tokens=prepared.num_placeholder_tokens("video"),
                                            stream=stream)
+        if stream and self.reasoning_parser is not None:
+            prompt_text = self.tokenizer.decode(list(prepared.prompt_token_ids), skip_special_tokens=False)
+            for state in completions:
+                state.thinking_open = self.reasoning_parser.prompt_opens_thinking(prompt_text)
         for state in completions:
             self.states[state.request_id] = state
 
@@ -188,7 +192,8 @@ class OutputProcessor:
         )
 
     def _completion(self, state: RequestState, prompt_token_ids: list[int]) -> CompletionOutput:
-        """The completion as it stands; a running one without the text it holds back (stream_delta.py)."""
+        """The completion as it stands; a running one split for streaming, without the text it holds
+        back (stream_delta.py)."""
         wants_logprobs = state.logprobs is not None
         full = reasoning_text = state.detokenizer.text
         reasoning, tool_calls = None, None
@@ -196,6 +201,8 @@ class OutputProcessor:
             reasoning, reasoning_text = self.reasoning_parser.extract_from_tokens(  # tags may be special tokens
                 full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
+            if reasoning is None and (not state.finished or streamed_as_reasoning(state)):
+                reasoning, reasoning_text = self.reasoning_parser.split_unfinished(full, state.thinking_open)
         text = reasoning_text
         if not state.finished:
             text = visible_answer(text, state)

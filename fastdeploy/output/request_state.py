@@ -28,6 +28,7 @@ class RequestState:
     error: Optional[str] = None  # set when the completion failed at run time
     read_tool_calls: Optional[Callable] = None  # (text, reasoning, answer) -> (tool_calls, text); None: no calls
     sent: "Optional[SentSoFar]" = None  # a streamed completion: what its deltas have carried
+    thinking_open: bool = False  # streamed, with a reasoning parser: the prompt left the thinking open
 
     @property
     def finished(self) -> bool:

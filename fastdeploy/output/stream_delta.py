@@ -12,8 +12,13 @@ What is held back while the completion runs, so that nothing sent is ever taken 
 - the whole answer when the completion's tool calls are read (the calls are parsed from the
   finished text; the text outside them and the calls come on the last delta);
 - with a reasoning parser, the split of the text so far into reasoning and answer is recomputed
-  each step and each field sends what it gained; a field whose text did not grow past what was sent
-  sends nothing until it does.
+  each step (the parser's `split_unfinished`: while the thinking is open, everything so far is
+  reasoning) and each field sends what it gained; a field whose text did not grow past what was
+  sent sends nothing until it does.
+
+One departure from the non-streamed output: a completion that ends inside its thinking (say, at
+max_tokens before `</think>`) has streamed that text as reasoning_content and finishes so; the
+non-streamed output gives such text as the answer (FastDeploy's rule for a missing end tag).
 """
 from __future__ import annotations
 
@@ -37,6 +42,11 @@ def visible_answer(answer: str, state: RequestState) -> str:
     if hold is None:
         return ""
     return answer[: len(answer) - hold] if hold else answer
+
+
+def streamed_as_reasoning(state: RequestState) -> bool:
+    """Whether a finished completion's deltas carried reasoning (its final split must keep it so)."""
+    return state.sent is not None and state.sent.reasoning > 0
 
 
 def has_news(state: RequestState) -> bool:

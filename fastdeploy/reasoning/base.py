@@ -15,7 +15,8 @@ class ReasoningParser:
     skip_special_tokens=True (see special_tags.py); the engine uses it. FastDeploy's constructors
     also look the tags up in the tokenizer's vocabulary (RuntimeError when missing); a tag missing
     from the vocabulary here just never matches. Parsers hold no state: one instance can serve
-    every request. Streaming (per-delta) extraction is not provided.
+    every request. A streamed completion is split as it runs by `split_unfinished`
+    (output/stream_delta.py).
     """
 
     name: ClassVar[str] = ""
@@ -30,6 +31,28 @@ class ReasoningParser:
         from fastdeploy.reasoning.special_tags import split_with_special_tags
 
         return split_with_special_tags(self, text, token_ids, tokenizer, skip_special_tokens, prompt_token_ids)
+
+    def split_unfinished(self, text: str, thinking_open: bool) -> Tuple[Optional[str], str]:
+        """The split of a completion still running, for streaming: `extract(text)` once the thinking
+        has ended; before that, when it is open (`thinking_open`: the prompt left a `<think>` open, or
+        the text starts with one), the text so far as reasoning and no content, split as if it ended
+        now. Otherwise (None, text), or (None, "") while the text may still become `<think>`. Parsers without `</think>` among their tags: `extract(text)`."""
+        reasoning, content = self.extract(text)
+        if reasoning is not None or THINK_END not in self.tags:
+            return reasoning, content
+        if thinking_open or text.lstrip().startswith(THINK_START):
+            partial = next((k for k in range(len(THINK_END) - 1, 0, -1) if text.endswith(THINK_END[:k])), 0)
+            return self.extract(text[: len(text) - partial] + THINK_END)[0], ""  # a partial end tag waits
+        if THINK_START.startswith(text.lstrip()):  # it may still open the thinking: nothing to say yet
+            return None, ""
+        return reasoning, content
+
+    @staticmethod
+    def prompt_opens_thinking(prompt_text: str) -> bool:
+        """True when the prompt (decoded with its special tokens) leaves the thinking open: its last
+        `<think>` comes after its last `</think>` (a chat template that starts the model thinking)."""
+        start = prompt_text.rfind(THINK_START)
+        return start >= 0 and start > prompt_text.rfind(THINK_END)
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         """Return (reasoning_content, content) for the whole completion `text`.
