@@ -2,12 +2,13 @@
 (--reasoning-parser qwen3) and chat_template_kwargs (--chat-template), bodies and streams.
 
 The server runs the default model under a chat template of this module that, like Qwen3's, closes
-the thinking in the prompt (`<think>\\n\\n</think>\\n\\n`) unless `enable_thinking` is true: with
-a reasoning parser a constraint starts only once the thinking has ended, so the constraints here
-apply from the first token, and `enable_thinking: true` (a chat_template_kwargs key) lifts them.
+the thinking in the prompt (`<think>\\n\\n</think>\\n\\n`) unless `enable_thinking` is true, and
+then opens it (`<think>\\n`): with a reasoning parser a constraint starts only once the thinking
+has ended, so the constraints here apply from the first token, and `enable_thinking: true` (a
+chat_template_kwargs key) lifts them.
 
 Oracles: jsonschema on the constrained outputs and tool arguments; the regex that forces
-`abc</think>def` (the reasoning parser must split it into "abc" and "def"); the template rendered
+`<think>abc</think>def` (the reasoning parser must split it into "abc" and "def"); the template rendered
 by transformers' chat-template code and counted by the GGUF tokenizer (usage.prompt_tokens); the
 non-streamed answer for each stream (greedy).
 """
@@ -24,7 +25,7 @@ TEMPLATE = (
     "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    "{% if enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 MSGS = [{"role": "user", "content": "Describe a person."}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -38,7 +39,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": CITY}},
          {"type": "function", "function": {"name": "get_time", "description": "Time in a zone", "parameters": ZONE}}]
 SCHEMAS = {"get_weather": CITY, "get_time": ZONE}
-THOUGHT = {"structured_outputs": {"regex": "abc</think>def"}}
+THOUGHT = {"structured_outputs": {"regex": "<think>abc</think>def"}}  # a thought and an answer
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +149,17 @@ def test_reasoning_content_in_message_and_deltas(client, server):
     assert (reasoning, content, reasons) == ("abc", "def", ["stop"])
 
 
+def test_open_thinking_streams_as_reasoning(client, server):
+    """enable_thinking leaves `<think>` open in the prompt: the stream sends the text as
+    reasoning_content as it is made (stripped, as qwen3 strips a reasoning without `<think>`); the
+    body, without a `</think>`, gives it as the answer (FastDeploy's rule; see stream_delta.py)."""
+    kwargs = dict(max_tokens=6, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+    body = chat(client, server, **kwargs).choices[0].message
+    assert body.model_extra.get("reasoning_content") is None and body.content
+    content, reasoning, _, reasons = streamed(client, server, **kwargs)
+    assert (reasoning, content, reasons) == (body.content.strip(), "", ["length"])
+
+
 def test_no_reasoning_without_the_end_tag(client, server):
     body = chat(client, server, max_tokens=6)
     message = body.choices[0].message
@@ -165,7 +177,7 @@ def test_chat_template_kwargs_reach_the_template(client, server):
     for thinking in (False, True):
         rendered = tok.apply_chat_template(MSGS, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=False,
                                            enable_thinking=thinking)
-        body = chat(client, server, max_tokens=6, extra_body={"chat_template_kwargs": {"enable_thinking": thinking},
+        body = chat(client, server, max_tokens=16, extra_body={"chat_template_kwargs": {"enable_thinking": thinking},
                                                               **THOUGHT})
         assert body.usage.prompt_tokens == len(tok(rendered, add_special_tokens=False)["input_ids"])
         message = body.choices[0].message
