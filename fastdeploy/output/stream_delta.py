@@ -16,9 +16,14 @@ What is held back while the completion runs, so that nothing sent is ever taken 
   reasoning) and each field sends what it gained; a field whose text did not grow past what was
   sent sends nothing until it does.
 
-One departure from the non-streamed output: a completion that ends inside its thinking (say, at
-max_tokens before `</think>`) has streamed that text as reasoning_content and finishes so; the
-non-streamed output gives such text as the answer (FastDeploy's rule for a missing end tag).
+Two departures from the non-streamed output, both where the thinking's start is not known while
+the completion runs:
+- a completion that ends inside its thinking (say, at max_tokens before `</think>`) has streamed
+  that text as reasoning_content and finishes so; the non-streamed output gives such text as the
+  answer (FastDeploy's rule for a missing end tag);
+- a completion whose thinking was not opened (no `<think>` left open by the prompt, none leading
+  the output) but which then writes `</think>` has streamed the text before it as answer; the
+  non-streamed output splits it there (reasoning before the tag, answer after).
 """
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fastapi import FastAPI, Request
+
+import fastdeploy
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -31,8 +33,6 @@ from fastdeploy.entrypoints.openai import protocol
 from fastdeploy.entrypoints.openai.metrics import CONTENT_TYPE
 from fastdeploy.entrypoints.openai.protocol import OpenAIError
 from fastdeploy.entrypoints.openai.serving import OpenAIServing
-
-VERSION = "0.1.0"
 
 
 @dataclass
@@ -57,7 +57,7 @@ def error_response(error: OpenAIError) -> JSONResponse:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="fastdeploy OpenAI-compatible server", version=VERSION, docs_url=None, redoc_url=None)
+    app = FastAPI(title="fastdeploy OpenAI-compatible server", version=fastdeploy.__version__, docs_url=None, redoc_url=None)
     app.state.server = state
 
     @app.exception_handler(OpenAIError)
@@ -92,7 +92,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version():
-        return {"version": VERSION}
+        return {"version": fastdeploy.__version__}
 
     @app.get("/v1/models")
     async def models():
