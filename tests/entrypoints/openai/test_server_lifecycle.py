@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN, assert_same_greedy, top2_gaps
+from raw_recorder import Recorder, sse_events
 from running_server import RunningServer, free_port
 
 from fastdeploy import SamplingParams
@@ -62,36 +63,6 @@ def assert_answers_at_once(server) -> None:
 
 
 # ---- load ----------------------------------------------------------------------------------------
-class Recorder(httpx.AsyncBaseTransport):
-    """An HTTP transport that keeps each response's raw bytes in `bodies`, by the request's x-job header."""
-
-    def __init__(self, bodies: dict):
-        self.inner = httpx.AsyncHTTPTransport()
-        self.bodies = bodies
-
-    async def handle_async_request(self, request):
-        response = await self.inner.handle_async_request(request)
-        body = self.bodies.setdefault(request.headers["x-job"], bytearray())
-        return httpx.Response(response.status_code, headers=response.headers, extensions=response.extensions,
-                              stream=_Tee(response.stream, body))
-
-    async def aclose(self):
-        await self.inner.aclose()
-
-
-class _Tee(httpx.AsyncByteStream):
-    def __init__(self, inner, sink: bytearray):
-        self.inner, self.sink = inner, sink
-
-    async def __aiter__(self):
-        async for chunk in self.inner:
-            self.sink += chunk
-            yield chunk
-
-    async def aclose(self):
-        await self.inner.aclose()
-
-
 def jobs(tok) -> list[dict]:
     """Half completions (prompt token ids), half chats; max_tokens 8..16."""
     out = []
@@ -145,7 +116,7 @@ async def load(server, all_jobs) -> tuple[dict, dict]:
                 results[job["job"]] = await run_job(client, server, job)
 
     await asyncio.gather(*(client_loop() for _ in range(NUM_CLIENTS)))
-    return results, {int(k): bytes(v).decode() for k, v in bodies.items()}
+    return results, {int(k): bytes(v) for k, v in bodies.items()}
 
 
 def references(llm, all_jobs) -> dict:
@@ -170,8 +141,8 @@ def test_64_streams_from_16_clients_each_answered_once_with_the_offline_greedy_t
     for job in all_jobs:
         i, ref = job["job"], refs[job["job"]]
         finishes, token_texts, text = results[i]
-        events = [e for e in raw[i].split("\n\n") if e]
-        assert events[-1] == "data: [DONE]" and raw[i].count("data: [DONE]") == 1, raw[i][-300:]
+        events = sse_events(raw[i])
+        assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1, events[-3:]
         assert finishes == [ref.finish_reason], (i, finishes)
         ref_texts = [d[t].decoded_token for d, t in zip(ref.logprobs, ref.token_ids)]
         assert_same_greedy(token_texts, ref_texts, top2_gaps(ref), f"job {i}")
