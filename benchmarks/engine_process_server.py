@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fastdeploy.engine import async_engine  # noqa: E402
 from fastdeploy.engine.async_engine import EngineStats, _Channel, _put_all  # noqa: E402
 from fastdeploy.entrypoints.openai import api_server  # noqa: E402
+from fastdeploy.platforms.cpu import engine_threads  # noqa: E402
 
 
 def engine_process(conn, engine_kwargs: dict) -> None:
@@ -60,6 +61,8 @@ class ProcessEngine:
     """AsyncEngine's surface (generate, abort_all, shutdown, stats, dead) over an engine process."""
 
     def __init__(self, engine_kwargs: dict):
+        # the child reads OMP_NUM_THREADS as the user's setting; here it is the 1 `import paddle` wrote
+        os.environ["OMP_NUM_THREADS"] = str(engine_threads())
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=engine_process, args=(child, engine_kwargs), daemon=True)

@@ -8,6 +8,10 @@
     structured outputs          constraints compiled when a request is added; each step's token
       (structured_output/)      masks filled while the forward runs; sampled tokens advance them
 
+Steps may run on any thread (the API server steps on its own): the first step on a thread gives that
+thread the engine's compute threads (`set_paddle_threads`), because OpenMP keeps the count per
+calling thread and a new thread would compute on one core.
+
 One `step()` = schedule -> execute -> the scheduler applies the result (`update_from_output`) ->
 the output processor detokenizes and checks stops -> finished completions leave the scheduler
 (their blocks are freed) -> RequestOutputs of prompts whose completions have all finished. A step
@@ -19,6 +23,7 @@ and finished on its own; seeded ones draw from (seed, index, step).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Optional
 
@@ -59,6 +64,7 @@ class LLMEngine:
             fd_config.guided_decoding_backend, tokenizer, fd_config.model_config.vocab_size, self.eos_token_ids,
             fd_config.guided_decoding_disable_any_whitespace, reasoning=parser is not None)
         self._next_id = 0
+        self._thread = threading.local()  # .threads: this thread's compute threads, once set
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -142,6 +148,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one model step; returns the outputs of prompts whose completions all finished in it, and
         the deltas of streamed prompts that advanced in it."""
+        if getattr(self._thread, "threads", None) is None:  # OpenMP's thread count is per calling thread
+            self._thread.threads = set_paddle_threads()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []

@@ -12,7 +12,8 @@ variable), --max-concurrency (429 beyond it), --timeout-graceful-shutdown, --dis
 Shutdown: on SIGTERM or SIGINT the server stops accepting (/v1 and /health answer 503), lets the
 requests in flight finish for up to --timeout-graceful-shutdown seconds, aborts the rest (their
 streams end with finish_reason "abort"), shuts the engine down (tensor-parallel workers included)
-and exits 0. A second signal skips the wait. See docs/serving.md.
+and exits 0. A second signal skips the wait. Settings the engine refuses (or a model that is not on
+this machine) exit 2 with their message. See docs/serving.md.
 """
 from __future__ import annotations
 
@@ -91,7 +92,11 @@ def main(argv: Optional[list[str]] = None, prog: Optional[str] = None, model_pos
     args = parse_args(argv, prog, model_positional)
     from fastdeploy.entrypoints.openai.app import build_app
 
-    state = build_state(args)
+    try:
+        state = build_state(args)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:  # the settings' own messages
+        print(f"{prog or 'api_server'}: {e}", file=sys.stderr)
+        return 2
     port = args.port or DEFAULT_PORT
     if not state.metrics_on_api_port:
         from prometheus_client import start_http_server

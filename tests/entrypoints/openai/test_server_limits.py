@@ -125,3 +125,17 @@ def test_clients_that_leave_at_any_moment_free_their_place(server, no_hang):
         return await two_at_once(server)
 
     assert all(f in ("length", "stop") for f in asyncio.run(main()))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--model", "/nonexistent/model.gguf"], "/nonexistent/model.gguf"),
+])
+def test_settings_the_engine_refuses_exit_2_with_their_message(flags, message):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", "--port", "1", *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
