@@ -33,6 +33,7 @@ setup(
         "llguidance>=1.0,<2",
         # the OpenAI-compatible API server (fastdeploy/entrypoints/openai/)
         "fastapi",
+        "starlette",  # fastapi's; app.py handles its HTTPException (the router's 404/405)
         "uvicorn",
         "prometheus-client",
     ],
