@@ -46,14 +46,15 @@ def engine_process(conn, engine_kwargs: dict) -> None:
             else:
                 request_id = next((r for r, s in ids.items() if s == command[1]), None)
                 if request_id is not None:
-                    engine.abort_request(ids.pop(request_id) and request_id)
+                    del ids[request_id]
+                    engine.abort_request(request_id)
         outputs = engine.step()
         sent = [(ids[o.request_id], o) for o in outputs if o.request_id in ids]
         for o in outputs:
             if o.finished:
                 ids.pop(o.request_id, None)
         scheduler = engine.scheduler
-        stats = EngineStats(len(scheduler.running), len(scheduler.waiting), 0.0, 0)
+        stats = EngineStats(len(scheduler.running), len(scheduler.waiting), 0.0)
         conn.send((sent, stats))
 
 
