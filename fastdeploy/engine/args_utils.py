@@ -370,14 +370,11 @@ class EngineArgs:
         )
 
 
-def add_cli_args(parser: argparse.ArgumentParser, skip: tuple = ()) -> None:
-    """One --kebab-case flag per EngineArgs field (booleans as --x / --no-x, dicts and lists as JSON),
-    except those in `skip`; unset flags keep the LLM(...) default. The commands' one flag generator
-    (run-batch, the API server)."""
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One --kebab-case flag per EngineArgs field (booleans as --x / --no-x, dicts and lists as JSON);
+    unset flags keep the LLM(...) default. The commands' one flag generator (run-batch, the API server)."""
     group = parser.add_argument_group("engine arguments (LLM(...) keywords)")
     for f in dataclasses.fields(EngineArgs):
-        if f.name in skip:
-            continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", "Optional[bool]"):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,

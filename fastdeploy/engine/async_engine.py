@@ -48,7 +48,6 @@ class EngineStats:
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0  # fraction of the usable KV blocks that requests hold (cached free ones excluded)
-    num_steps: int = 0
 
 
 @dataclass(eq=False)
@@ -219,8 +218,7 @@ class AsyncEngine:
         scheduler, pool = self.engine.scheduler, self.engine.block_pool
         self.stats = EngineStats(
             num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
-            kv_cache_usage=1.0 - pool.num_free_blocks / max(pool.num_usable_blocks, 1),
-            num_steps=self.stats.num_steps + 1)
+            kv_cache_usage=1.0 - pool.num_free_blocks / max(pool.num_usable_blocks, 1))
 
 
 def _put_all(pairs: list) -> None:

@@ -20,6 +20,7 @@ from typing import Optional
 
 from fastdeploy.engine.args_utils import add_cli_args, cli_engine_kwargs
 
+
 def make_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("-i", "--input-file", required=True, help="OpenAI batch requests (JSONL), or - for stdin")

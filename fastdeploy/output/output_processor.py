@@ -166,16 +166,15 @@ class OutputProcessor:
         """The prompt's RequestOutput once all its completions have finished; with `delta` (a streamed
         prompt) what each completion added since the last delta (output/stream_delta.py), every step."""
         errors = [c.error for c in group.completions if c.error is not None]
+        prompt_logprobs = group.prompt_logprobs
         if delta:
             completions = [take_delta(c, self._completion(c, group.prompt_token_ids)) for c in group.completions
                            if has_news(c)]
-            completions = [c for c in completions if c.token_ids or c.finish_reason is not None]
+            if group.prompt_logprobs_sent:  # the prompt's logprobs come once, on the first delta
+                prompt_logprobs = None
+            group.prompt_logprobs_sent = True
         else:
             completions = [self._completion(c, group.prompt_token_ids) for c in group.completions]
-        prompt_logprobs = group.prompt_logprobs
-        if delta:  # the prompt's logprobs come once, on the first delta
-            prompt_logprobs, group.prompt_logprobs_sent = (None if group.prompt_logprobs_sent else prompt_logprobs,
-                                                           True)
         return RequestOutput(
             request_id=group.request_id,
             prompt=group.prompt,
@@ -202,7 +201,9 @@ class OutputProcessor:
                 full, state.output_token_ids, self.tokenizer, state.sampling_params.skip_special_tokens,
                 prompt_token_ids)
             if reasoning is None and (not state.finished or streamed_as_reasoning(state)):
-                reasoning, reasoning_text = self.reasoning_parser.split_unfinished(full, state.thinking_open)
+                provisional = self.reasoning_parser.split_unfinished(full, state.thinking_open)
+                if provisional is not None:
+                    reasoning, reasoning_text = provisional
         text = reasoning_text
         if not state.finished:
             text = visible_answer(text, state)

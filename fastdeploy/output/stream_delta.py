@@ -56,8 +56,8 @@ def streamed_as_reasoning(state: RequestState) -> bool:
 
 def has_news(state: RequestState) -> bool:
     """Whether the completion has anything its deltas have not carried: tokens or its finish."""
-    sent = state.sent
-    return sent is None or (not sent.finished and (sent.tokens < len(state.output_token_ids) or state.finished))
+    sent = state.sent if state.sent is not None else SentSoFar()
+    return not sent.finished and (sent.tokens < len(state.output_token_ids) or state.finished)
 
 
 def take_delta(state: RequestState, current: CompletionOutput) -> CompletionOutput:

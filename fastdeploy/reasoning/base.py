@@ -6,6 +6,14 @@ THINK_END = "</think>"
 TOOL_CALL_START = "<tool_call>"
 
 
+def last_think_tag(text: str) -> Optional[str]:
+    """`<think>` or `</think>`, whichever comes last in `text`; None when it has neither."""
+    start, end = text.rfind(THINK_START), text.rfind(THINK_END)
+    if start == end:  # both -1
+        return None
+    return THINK_START if start > end else THINK_END
+
+
 class ReasoningParser:
     """Splits the final text of a finished completion into (reasoning_content, content).
 
@@ -32,27 +40,26 @@ class ReasoningParser:
 
         return split_with_special_tags(self, text, token_ids, tokenizer, skip_special_tokens, prompt_token_ids)
 
-    def split_unfinished(self, text: str, thinking_open: bool) -> Tuple[Optional[str], str]:
-        """The split of a completion still running, for streaming: `extract(text)` once the thinking
-        has ended; before that, when it is open (`thinking_open`: the prompt left a `<think>` open, or
+    def split_unfinished(self, text: str, thinking_open: bool) -> Optional[Tuple[Optional[str], str]]:
+        """For streaming, the split of a completion still running whose text `extract` found no end of
+        thinking in: while the thinking is open (`thinking_open`: the prompt left a `<think>` open, or
         the text starts with one), the text so far as reasoning and no content, split as if it ended
-        now. Otherwise (None, text), or (None, "") while the text may still become `<think>`. Parsers without `</think>` among their tags: `extract(text)`."""
-        reasoning, content = self.extract(text)
-        if reasoning is not None or THINK_END not in self.tags:
-            return reasoning, content
+        now (a partial end tag waits); (None, "") while the text may still become `<think>`; None
+        where `extract`'s split stands (the thinking was not opened, or the parser has no `</think>`)."""
+        if THINK_END not in self.tags:
+            return None
         if thinking_open or text.lstrip().startswith(THINK_START):
             partial = next((k for k in range(len(THINK_END) - 1, 0, -1) if text.endswith(THINK_END[:k])), 0)
-            return self.extract(text[: len(text) - partial] + THINK_END)[0], ""  # a partial end tag waits
+            return self.extract(text[: len(text) - partial] + THINK_END)[0], ""
         if THINK_START.startswith(text.lstrip()):  # it may still open the thinking: nothing to say yet
             return None, ""
-        return reasoning, content
+        return None
 
     @staticmethod
     def prompt_opens_thinking(prompt_text: str) -> bool:
         """True when the prompt (decoded with its special tokens) leaves the thinking open: its last
-        `<think>` comes after its last `</think>` (a chat template that starts the model thinking)."""
-        start = prompt_text.rfind(THINK_START)
-        return start >= 0 and start > prompt_text.rfind(THINK_END)
+        think tag is `<think>` (a chat template that starts the model thinking)."""
+        return last_think_tag(prompt_text) == THINK_START
 
     def extract(self, text: str) -> Tuple[Optional[str], str]:
         """Return (reasoning_content, content) for the whole completion `text`.

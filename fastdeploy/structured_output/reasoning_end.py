@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fastdeploy.reasoning.base import THINK_END, THINK_START
+from fastdeploy.reasoning.base import THINK_END, last_think_tag
 
 TAIL_TOKENS = len(THINK_END) + 1  # enough tokens to hold the tag, one character each at worst
 
@@ -30,9 +30,7 @@ class ReasoningEnd:
 
     def ended_in_prompt(self, prompt_token_ids: Sequence[int]) -> bool:
         """True when the prompt closed its thinking: its last `</think>` after its last `<think>`."""
-        text = self._text(prompt_token_ids)
-        end = text.rfind(THINK_END)
-        return end >= 0 and end > text.rfind(THINK_START)
+        return last_think_tag(self._text(prompt_token_ids)) == THINK_END
 
     def closes(self, tail: Sequence[int]) -> bool:
         """True when the last TAIL_TOKENS generated tokens `tail` hold `</think>` (the caller checks

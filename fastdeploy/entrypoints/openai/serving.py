@@ -21,7 +21,6 @@ from fastdeploy.entrypoints.openai.metrics import ServerMetrics
 from fastdeploy.entrypoints.openai.protocol import OpenAIError, OpenAIRequest
 
 logger = logging.getLogger("fastdeploy")
-DONE = "data: [DONE]\n\n"
 
 
 class OpenAIServing:
@@ -38,13 +37,10 @@ class OpenAIServing:
             raise OpenAIError(400, str(e), code="invalid_parameter") from e
 
     async def complete(self, request: OpenAIRequest, prepared: list) -> dict:
-        """The whole response body once every completion has finished."""
+        """The whole response body once every completion has finished; OpenAIError (500) when one
+        failed at run time (responses.py)."""
         reader = prepare.tool_call_reader(request)
         outputs = await asyncio.gather(*(self._final(p, reader) for p in prepared))
-        for output in outputs:
-            if output.error_code != 200:
-                raise OpenAIError(500, output.error_msg or "the request failed", type="internal_server_error",
-                                  code="internal_error")
         params = request.sampling_params
         if request.kind == "chat":
             return responses.chat_completion_body(outputs[0], params, request.model)
@@ -74,7 +70,7 @@ class OpenAIServing:
                 yield responses.sse(chunk)
         except EngineDeadError as e:
             yield responses.sse(OpenAIError(500, str(e), type="internal_server_error", code="engine_dead").body())
-        yield DONE
+        yield responses.SSE_DONE
 
     async def _deltas(self, request: OpenAIRequest, prepared: list) -> AsyncIterator[tuple[int, object]]:
         """(prompt index, delta RequestOutput) of every prompt, in the order they come."""
