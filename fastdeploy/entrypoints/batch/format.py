@@ -108,7 +108,7 @@ def parse_request_line(text: str, line: int) -> BatchRequest:
     try:
         obj = _load_json(text, line)
         if not isinstance(obj, dict):
-            raise _error(line, None, INVALID_REQUEST, f"a line must be a JSON object, got {_kind(obj)}")
+            raise _error(line, None, INVALID_REQUEST, f"a line must be a JSON object, got {protocol.json_kind(obj)}")
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             raise _error(line, None, INVALID_REQUEST, f"custom_id must be a non-empty string, got {custom_id!r}")
@@ -121,11 +121,6 @@ def parse_request_line(text: str, line: int) -> BatchRequest:
 
 def _error(line, custom_id, code, message) -> BatchLineError:
     return BatchLineError(line, custom_id, code, message)
-
-
-def _kind(value) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
 
 
 def _reject_constant(name):

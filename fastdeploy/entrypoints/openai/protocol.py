@@ -110,7 +110,8 @@ def _bad(param: Optional[str], message: str, code: str = INVALID_PARAMETER) -> O
     return OpenAIError(400, message, param=param, code=code)
 
 
-def _kind(value) -> str:
+def json_kind(value) -> str:
+    """How an error message names a JSON value's type: "an object", "an array", "null", ..."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(value), "a number")
 
@@ -121,7 +122,7 @@ def _is_id(t) -> bool:
 
 def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
     if not isinstance(body, dict):
-        raise _bad(None, f"body must be an object, got {_kind(body)}", INVALID_REQUEST)
+        raise _bad(None, f"body must be an object, got {json_kind(body)}", INVALID_REQUEST)
     unknown = sorted(set(body) - set(accepted))
     if unknown:
         raise _bad(unknown[0], f"unknown key(s) {unknown} in the body of {URLS[kind]}; accepted: {sorted(accepted)}",
@@ -135,7 +136,7 @@ def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
         request.chat_template_kwargs = body.get("chat_template_kwargs")
         if request.chat_template_kwargs is not None and not isinstance(request.chat_template_kwargs, dict):
             raise _bad("chat_template_kwargs",
-                       f"chat_template_kwargs must be an object, got {_kind(request.chat_template_kwargs)}")
+                       f"chat_template_kwargs must be an object, got {json_kind(request.chat_template_kwargs)}")
     else:
         request = OpenAIRequest(kind, SamplingParams(), prompts=_prompts(body), model=model)
     request.sampling_params, request.constraint_key = _sampling_params(body, kind)
