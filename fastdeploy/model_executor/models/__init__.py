@@ -47,10 +47,19 @@ Run one step:
   kv_heads, block_size, head_dim], FastDeploy's layout; float32, or bf16 bits for models computing
   in bf16) and hands the list as `caches`; layer i writes this step's K/V into caches[i] at
   slot_mapping and attends over its blocks.
+Encoder models (models/bert.py BertModel, models/xlm_roberta.py XLMRobertaModel and their
+  *ForSequenceClassification) have the class attribute `encoder_only = True`: no KV cache (forward_meta.caches
+  is empty and its block tables are not read), no prefix caching, no chunked prefill. Their forward takes the
+  same arguments, positions being 0-based within each sequence and forward_meta.token_type_ids the segment ids
+  (0/1; None for all 0), and gives the last hidden state of every token (attention bidirectional within each
+  sequence). The *ForSequenceClassification classes add `num_labels` and `classify(pooled [m, hidden]) ->
+  logits [m, num_labels] float32`, pooled being each sequence's first ([CLS] / <s>) row; `max_positions(
+  model_config)` (a classmethod) is the longest sequence their position table serves.
 Multimodal models also have `embed_multimodal(features)`: multimodal/inputs.py MultiModalFeature list
   -> one [feature.length, hidden] float32 tensor per feature (the runner's worker/multimodal.py puts
   them at the placeholder rows of inputs_embeds).
 """
+from fastdeploy.model_executor.models.bert import BertForSequenceClassification, BertModel
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
@@ -58,6 +67,7 @@ from fastdeploy.model_executor.models.llama import LlamaForCausalLM
 from fastdeploy.model_executor.models.qwen2 import Qwen2ForCausalLM
 from fastdeploy.model_executor.models.qwen3 import Qwen3ForCausalLM
 from fastdeploy.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from fastdeploy.model_executor.models.xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -69,6 +79,14 @@ MODEL_REGISTRY = {
     "Ernie4_5_VLMoeForConditionalGeneration": Ernie4_5_VLMoeForConditionalGeneration,
     # the spelling of Baidu's own (remote-code and Paddle-layout) ERNIE-4.5 configs
     "Ernie4_5_ForCausalLM": Ernie4_5ForCausalLM,
+    # encoders (encoder_only = True)
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "XLMRobertaModel": XLMRobertaModel,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
+    # RoBERTa's checkpoints are XLM-RoBERTa's tree and names
+    "RobertaModel": XLMRobertaModel,
+    "RobertaForSequenceClassification": XLMRobertaForSequenceClassification,
 }
 
 
