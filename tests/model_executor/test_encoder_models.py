@@ -1,15 +1,15 @@
 """The encoder models (models/bert.py, models/xlm_roberta.py) against transformers.
 
-Oracle: transformers 5 (torch CPU, float32) on tiny random checkpoints it wrote itself (2 layers, hidden 64,
-4 heads; biases and LayerNorms randomised, since transformers initialises them to 0 and 1), each loaded into
-our model through the engine's loader path (hf_loader.open_hf_dir -> ModelConfig.from_hf_config -> registry
--> load_weights). One ragged batch of sequences of different lengths (BERT: sentence pairs with token type ids)
-in one forward must give, row for row, transformers' last hidden states of each sequence alone within 1e-4
-(max abs), with the compiled `vision_attention` op and with the fallbacks forced; the classification logits
-of the [CLS] / <s> rows must match *ForSequenceClassification's within 1e-4. bf16 and wint8 (packed linears)
-must keep cosine >= 0.999 per row against float32 transformers. Then loading: names with and without the
-base prefix, the ignored heads and buffers, and the errors (unknown, misshapen, missing tensor; too long a
-max_model_len).
+Oracle: transformers 5 (torch CPU, float32) on tiny random checkpoints it wrote itself (2 layers, hidden
+64, 4 heads for BERT, 2 for XLM-R; biases and LayerNorms randomised, since transformers initialises them to
+0 and 1), each loaded into our model through the engine's loader path (hf_loader.open_hf_dir ->
+ModelConfig.from_hf_config -> registry -> load_weights). One ragged batch of sequences of different lengths
+(BERT: sentence pairs with token type ids) in one forward must give, row for row, transformers' last hidden
+states of each sequence alone within 1e-4 (max abs), with the compiled `vision_attention` op and with the
+fallbacks forced; the classification logits of the [CLS] / <s> rows must match *ForSequenceClassification's
+within 1e-4. bf16 and wint8 (packed linears) must keep cosine >= 0.999 per row against float32
+transformers. Then loading: names with and without the base prefix, the ignored heads and buffers, and the
+errors (unknown, misshapen, missing tensor; too long a max_model_len).
 """
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from fastdeploy.model_executor.model_loader.hf_loader import open_hf_dir
 from fastdeploy.model_executor.models import MODEL_REGISTRY, get_model_class
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 
+from tiny_models import randomize_biases_and_norms
+
 VOCAB = 120
 LENGTHS = [1, 6, 17, 40, 3]  # one step's sequences, back to back
 MAX_MODEL_LEN = 64
@@ -35,11 +37,12 @@ CHECKPOINTS = {
     "bert": ("BertModel", "BertConfig", dict(max_position_embeddings=MAX_MODEL_LEN, type_vocab_size=2)),
     "bert_cls": ("BertForSequenceClassification", "BertConfig",
                  dict(max_position_embeddings=MAX_MODEL_LEN, type_vocab_size=2, num_labels=3)),
-    # pad_token_id 1 as the released models: positions start at 2, so the table has 2 more rows
+    # pad_token_id 1 as the released models: positions start at 2, so the table has 2 more rows; head_dim 32
     "xlmr": ("XLMRobertaModel", "XLMRobertaConfig",
-             dict(max_position_embeddings=MAX_MODEL_LEN + 2, type_vocab_size=1, pad_token_id=1)),
+             dict(max_position_embeddings=MAX_MODEL_LEN + 2, type_vocab_size=1, pad_token_id=1, num_attention_heads=2)),
     "xlmr_cls": ("XLMRobertaForSequenceClassification", "XLMRobertaConfig",
-                 dict(max_position_embeddings=MAX_MODEL_LEN + 2, type_vocab_size=1, pad_token_id=1, num_labels=1)),
+                 dict(max_position_embeddings=MAX_MODEL_LEN + 2, type_vocab_size=1, pad_token_id=1,
+                      num_attention_heads=2, num_labels=1)),
 }
 BASE_PREFIX = {"bert": "bert.", "xlmr": "roberta."}
 
@@ -50,14 +53,8 @@ def make_checkpoint(path: Path, name: str):
 
     architecture, config_cls, overrides = CHECKPOINTS[name]
     torch.manual_seed(0)
-    model = getattr(transformers, architecture)(getattr(transformers, config_cls)(**COMMON, **overrides)).eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith(".bias"):
-                param.copy_(0.2 * torch.randn(param.shape, generator=gen))
-            elif "LayerNorm" in pname:
-                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
+    model = getattr(transformers, architecture)(getattr(transformers, config_cls)(**{**COMMON, **overrides})).eval()
+    randomize_biases_and_norms(model, seed=1)
     model.save_pretrained(str(path))
     return model
 
@@ -93,16 +90,21 @@ def batch(pairs: bool):
     return seqs, types
 
 
-def our_hidden(model, seqs, types) -> np.ndarray:
-    """One forward over the ragged batch -> [sum(LENGTHS), hidden] (no KV cache: no caches, no blocks)."""
+def forward_meta(seqs, types) -> ForwardMeta:
+    """An encoder step's metadata: the sequences' boundaries and segment ids; no KV cache (no caches, no blocks)."""
     lengths = np.asarray([len(s) for s in seqs], np.int64)
-    meta = ForwardMeta(seq_lens_this_time=lengths, seq_lens_decoder=np.zeros_like(lengths),
+    return ForwardMeta(seq_lens_this_time=lengths, seq_lens_decoder=np.zeros_like(lengths),
                        cu_seqlens_q=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
                        block_tables=np.zeros((len(seqs), 0), np.int64), slot_mapping=np.zeros(0, np.int64), caches=[],
                        token_type_ids=None if types is None else paddle.to_tensor(np.concatenate(types)))
+
+
+def our_hidden(model, seqs, types) -> np.ndarray:
+    """One forward over the ragged batch -> [sum(LENGTHS), hidden]."""
     positions = np.concatenate([np.arange(len(s)) for s in seqs])
     with paddle.no_grad():
-        return model(paddle.to_tensor(np.concatenate(seqs)), paddle.to_tensor(positions), meta).numpy()
+        ids = paddle.to_tensor(np.concatenate(seqs))
+        return model(ids, paddle.to_tensor(positions), forward_meta(seqs, types)).numpy()
 
 
 def hf_hidden(hf, seqs, types) -> np.ndarray:
@@ -148,6 +150,19 @@ def test_hidden_states_match_transformers_with_op_and_fallback(checkpoint, name,
     assert np.abs(compiled - fallback).max() <= 1e-5
     if types is not None:  # the segment ids are used: without them the pairs' second halves differ
         assert np.abs(our_hidden(model, seqs, None) - ref).max() > 1e-2
+
+
+def test_inputs_embeds_stand_for_input_ids(checkpoint):
+    path, _ = checkpoint("bert")
+    seqs, types = batch(pairs=True)
+    model = load_ours(path)
+    ids = np.concatenate(seqs)
+    meta_hidden = our_hidden(model, seqs, types)
+    with paddle.no_grad():
+        embeds = model.embeddings.word_embeddings(paddle.to_tensor(ids))  # [n, hidden]
+        positions = paddle.to_tensor(np.concatenate([np.arange(len(s)) for s in seqs]))
+        via_embeds = model(None, positions, forward_meta(seqs, types), inputs_embeds=embeds).numpy()
+    assert np.array_equal(via_embeds, meta_hidden)
 
 
 @pytest.mark.parametrize("name", ["bert_cls", "xlmr_cls"])

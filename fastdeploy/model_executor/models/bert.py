@@ -194,7 +194,8 @@ class BertModel(paddle.nn.Layer):
         limit = self.max_positions(config)
         if max_model_len > limit:
             raise ValueError(f"max_model_len {max_model_len} exceeds the {limit} positions of {config.architecture} "
-                             f"(max_position_embeddings {config.max_position_embeddings}); pass max_model_len <= {limit}")
+                             f"(max_position_embeddings {config.max_position_embeddings}); "
+                             f"pass max_model_len <= {limit}")
         self.config = config
         self.embeddings = BertEmbeddings(config, self.position_offset(config))
         self.encoder = BertEncoder(config, quant_config)
