@@ -94,12 +94,18 @@ class ModelConfig:
         return self.architecture in ENCODER_ARCHITECTURES
 
     @property
+    def position_offset(self) -> int:
+        """Added to 0-based positions to index the position table: RoBERTa's pad_token_id + 1 (its positions
+        start after padding_idx), 0 for every other model."""
+        if "Roberta" not in self.architecture:
+            return 0
+        pad = self.hf_config.get("pad_token_id")
+        return (1 if pad is None else int(pad)) + 1
+
+    @property
     def max_sequence_length(self) -> int:
-        """Tokens the position table serves: max_position_embeddings, less RoBERTa's offset (its positions
-        start after padding_idx, so pad_token_id + 1 rows are never a position)."""
-        if "Roberta" in self.architecture:
-            return self.max_position_embeddings - int(self.hf_config.get("pad_token_id", 1)) - 1
-        return self.max_position_embeddings
+        """Tokens the position table serves: max_position_embeddings less the position offset."""
+        return self.max_position_embeddings - self.position_offset
 
     def weight_bytes(self, linear_bytes: float = 4.0, lm_head_bytes: Optional[float] = None) -> int:
         """Bytes of the weights as loaded: linear layers (the decoder's, and a multimodal model's vision

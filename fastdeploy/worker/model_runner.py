@@ -53,7 +53,7 @@ class ModelRunner:
         """One KVCache per layer, `num_blocks` blocks each, of the cache config's dtype (see
         layers/kv_cache.py for the layout)."""
         mc, cc = self.config.model_config, self.config.cache_config
-        if getattr(self.model, "encoder_only", False):  # attends within the step only: no cache
+        if mc.encoder_only:  # attends within the step only: no cache
             return []
         return [allocate_kv_cache(cc.num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim, cc.dtype)
                 for _ in range(mc.num_hidden_layers)]

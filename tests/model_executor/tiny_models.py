@@ -45,7 +45,8 @@ def _classes(architecture: str):
 
 
 def randomize_biases_and_norms(model, seed: int) -> None:
-    """Biases ~ N(0, 0.2) and norm weights ~ 1 + N(0, 0.2) (transformers initializes them to 0 and 1)."""
+    """Biases ~ N(0, 0.2) and norm weights (any name with "norm" in any case) ~ 1 + N(0, 0.2) (transformers
+    initializes them to 0 and 1)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -53,7 +54,7 @@ def randomize_biases_and_norms(model, seed: int) -> None:
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.copy_(0.2 * torch.randn(param.shape, generator=gen))
-            elif "norm" in name:
+            elif "norm" in name.lower():  # also BERT's LayerNorm
                 param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
 
 

@@ -47,16 +47,27 @@ Run one step:
   kv_heads, block_size, head_dim], FastDeploy's layout; float32, or bf16 bits for models computing
   in bf16) and hands the list as `caches`; layer i writes this step's K/V into caches[i] at
   slot_mapping and attends over its blocks.
-Pooling models (`get_model_class(architecture, pooling_task)`) have class attribute `encoder_only`
-  (True: BERT-style encoders, bidirectional attention, no KV cache), `num_labels` and, with a classification
-  head, `classify(pooled [m, hidden]) -> [m, num_labels]` logits; the runner pools their hidden states
-  (layers/pooler.py) and never calls compute_logits.
+Pooling models (`get_model_class(architecture, pooling_task)`: the encoders below, or a decoder adapted by
+  models/pooling_adapters.py) have `num_labels` and, with a classification head, `classify(pooled [m, hidden])
+  -> [m, num_labels]` logits; the runner pools their hidden states (layers/pooler.py) and never calls
+  compute_logits.
+Encoder models (models/bert.py BertModel, models/xlm_roberta.py XLMRobertaModel and their
+  *ForSequenceClassification) (config.py ENCODER_ARCHITECTURES, `ModelConfig.encoder_only`) run without a KV cache (forward_meta.caches
+  is empty and its block tables are not read), no prefix caching, no chunked prefill. Their forward takes the
+  same arguments, positions being 0-based within each sequence and forward_meta.token_type_ids the segment ids
+  (0/1; None for all 0), and gives the last hidden state of every token (attention bidirectional within each
+  sequence). The *ForSequenceClassification classes add `num_labels` and `classify(pooled [m, hidden]) ->
+  logits [m, num_labels] float32`, pooled being each sequence's first ([CLS] / <s>) row; `ModelConfig.max_sequence_length`
+  is the longest sequence their position table serves.
 Multimodal models also have `embed_multimodal(features)`: multimodal/inputs.py MultiModalFeature list
   -> one [feature.length, hidden] float32 tensor per feature (the runner's worker/multimodal.py puts
   them at the placeholder rows of inputs_embeds).
 """
 from typing import Optional
 
+from fastdeploy.config import ENCODER_ARCHITECTURES
+
+from fastdeploy.model_executor.models.bert import BertForSequenceClassification, BertModel
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
@@ -65,6 +76,7 @@ from fastdeploy.model_executor.models.qwen2 import Qwen2ForCausalLM
 from fastdeploy.model_executor.models.qwen3 import Qwen3ForCausalLM
 from fastdeploy.model_executor.models.pooling_adapters import as_pooling_model
 from fastdeploy.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from fastdeploy.model_executor.models.xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 POOLING_SUFFIXES = ("ForSequenceClassification", "Model")  # decoder spellings of pooling checkpoints
 
@@ -78,6 +90,14 @@ MODEL_REGISTRY = {
     "Ernie4_5_VLMoeForConditionalGeneration": Ernie4_5_VLMoeForConditionalGeneration,
     # the spelling of Baidu's own (remote-code and Paddle-layout) ERNIE-4.5 configs
     "Ernie4_5_ForCausalLM": Ernie4_5ForCausalLM,
+    # encoders (config.py ENCODER_ARCHITECTURES)
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "XLMRobertaModel": XLMRobertaModel,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
+    # RoBERTa's checkpoints are XLM-RoBERTa's tree and names
+    "RobertaModel": XLMRobertaModel,
+    "RobertaForSequenceClassification": XLMRobertaForSequenceClassification,
 }
 
 
@@ -85,7 +105,7 @@ def get_model_class(architecture: str, pooling_task: Optional[str] = None):
     """The class for `architecture`; with a pooling task ("embed", "classify", "reward"), a pooling model:
     an encoder's own class, or a decoder adapted by models/pooling_adapters.py (`XForSequenceClassification`
     and `XModel` read as `XForCausalLM`'s layers). Raises ValueError listing the supported ones."""
-    if pooling_task is not None and not getattr(MODEL_REGISTRY.get(architecture), "encoder_only", False):
+    if pooling_task is not None and architecture not in ENCODER_ARCHITECTURES:
         decoder = _decoder_of(architecture)
         if decoder is not None:
             return as_pooling_model(decoder, pooling_task)

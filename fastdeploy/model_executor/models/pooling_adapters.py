@@ -42,7 +42,6 @@ def as_pooling_model(causal_lm_cls, task: str):
 
     class PoolingModel(causal_lm_cls):
         has_lm_head = False
-        encoder_only = False
 
         def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
                      quant_config: Optional[QuantConfig] = None):

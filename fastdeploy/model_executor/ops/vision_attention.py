@@ -1,4 +1,6 @@
-"""`vision_attention`: non-causal attention within segments (a vision transformer's frames).
+"""`vision_attention`: non-causal attention within segments: a vision transformer's frames (ERNIE-4.5-VL's
+tower), or the sequences of a text encoder's ragged batch (models/bert.py: BERT, XLM-RoBERTa). The name is
+the op's first user's.
 
 Runs the compiled op of custom_ops/cpu_ops/vision_attention.cc (flash-attention blocking, float32
 register tiles), or `paddle_vision_attention`, its reference: per segment and block of query rows,

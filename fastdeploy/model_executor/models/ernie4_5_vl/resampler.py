@@ -21,9 +21,9 @@ import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import QuantConfig
-from fastdeploy.model_executor.layers.normalization import RMSNorm
+from fastdeploy.model_executor.layers.normalization import LayerNorm, RMSNorm
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VLConfig
-from fastdeploy.model_executor.models.ernie4_5_vl.vision import LayerNorm, encoder_linear
+from fastdeploy.model_executor.models.ernie4_5_vl.vision import encoder_linear
 
 
 class GELU(paddle.nn.Layer):

@@ -25,12 +25,11 @@ from typing import Optional
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import (Linear, QuantConfig, UnquantizedLinearMethod, epilogue,
                                                      select_linear_method)
-from fastdeploy.model_executor.layers.parameters import empty_parameter
+from fastdeploy.model_executor.layers.normalization import LayerNorm
 from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.layers.quantization.weight_format import cpu_has_amx_bf16
 from fastdeploy.model_executor.models.ernie4_5_vl.config import VisionConfig
@@ -68,19 +67,6 @@ def encoder_linear(in_features: int, out_features: int, quant_config: Optional[Q
     (layers/linear.py select_linear_method), as every text-decoder Linear; `activation` as Linear's."""
     method = linear_method() if quant_config is None else select_linear_method(quant_config, [f"{name}.weight"])
     return Linear(in_features, {None: out_features}, bias, method, activation)
-
-
-class LayerNorm(paddle.nn.Layer):
-    """LayerNorm over the last axis with weight and bias (torch.nn.LayerNorm)."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = empty_parameter([size])
-        self.bias = empty_parameter([size])
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
 
 
 def patch_positions(grid_thw: list, merge: int = 2) -> np.ndarray:
