@@ -38,13 +38,13 @@ def sentence_transformer_dir(model_dir: Path, out: Path, pooling_mode: str, norm
     """Save a sentence-transformers model (Transformer on `model_dir`, Pooling `pooling_mode`, [Normalize]) at
     `out`; legacy_layout rewrites modules.json and the pooling config in the hub's older form
     (`sentence_transformers.models.*` types, pooling_mode_* flags). Returns the SentenceTransformer."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    transformer = models.Transformer(str(model_dir), max_seq_length=max_seq_length)
-    hidden = transformer.get_word_embedding_dimension()
-    modules = [transformer, models.Pooling(hidden, pooling_mode=pooling_mode)]
+    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling_mode)]
     if normalize:
-        modules.append(models.Normalize())
+        modules.append(Normalize())
     st = SentenceTransformer(modules=modules, device="cpu")
     st.save(str(out))
     if legacy_layout:
