@@ -4,7 +4,8 @@ Both layouts in use are read: the hub's (`sentence_transformers.models.Pooling`,
 `1_Pooling/config.json` sets `pooling_mode_cls_token`, `pooling_mode_mean_tokens`, `pooling_mode_lasttoken`
 ... flags) and the newer module paths (`sentence_transformers.sentence_transformer.modules.pooling.Pooling`
 and `...modules.normalize.Normalize`, a `pooling_mode` string). `sentence_bert_config.json`'s
-`max_seq_length` is the length the model was trained to (sentence-transformers truncates there).
+`max_seq_length` (newer versions: the tokenizer's `model_max_length`) is the length the model was trained to
+(sentence-transformers truncates there).
 """
 from __future__ import annotations
 
@@ -54,9 +55,13 @@ def _pooling_type(config_path: str) -> str:
 
 
 def _max_seq_length(model_dir: str) -> Optional[int]:
-    path = os.path.join(model_dir, "sentence_bert_config.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        value = json.load(f).get("max_seq_length")
-    return int(value) if value else None
+    """sentence_bert_config.json's max_seq_length (the hub's layout), else the tokenizer's model_max_length,
+    where sentence-transformers 5+ saves it (transformers' "no limit" sentinel, ~1e30, ignored)."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                value = json.load(f).get(key)
+            if isinstance(value, (int, float)) and 0 < value < 1 << 31:
+                return int(value)
+    return None
