@@ -44,9 +44,10 @@ setup(
         # tokenizer.model files)
         # imageio-ffmpeg: its bundled ffmpeg writes the test videos; the [vl] packages for the VL tests
         # openai: the official client, whose models check the server's bodies and stream chunks
+        # sentence-transformers: the oracle of embeddings and cross-encoder scores (tests/pooling)
         "test": ["pytest", "torch==2.13.0", "accelerate", "sentencepiece", "protobuf", "scipy", "hypothesis",
                  "imageio-ffmpeg==0.8.1", "pillow", "decord==0.6.0", "fontpkg-roboto==3.15",
-                 "jsonschema", "xgrammar>=0.2.8,<0.3", "openai"],
+                 "jsonschema", "xgrammar>=0.2.8,<0.3", "openai", "sentence-transformers>=5"],
         # sentencepiece-only tokenizers (ERNIE-4.5's tokenizer.model; fastdeploy/input/tokenizer_loader.py):
         # the model proto is read with protobuf (Paddle brings it too), or with sentencepiece's own schema
         "ernie": ["sentencepiece", "protobuf"],
