@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig
 from fastdeploy.model_executor.layers.kv_cache import KV_CACHE_BYTES
@@ -31,17 +32,19 @@ def size_kv_cache(config: FDConfig, weights_bytes: int, dtype: str) -> CacheConf
     `dtype` ("float32" or "bfloat16": WeightFormat.kv_cache_dtype). weights_bytes: the weights as held
     (ModelConfig.weight_bytes of the resolved format). ValueError as num_kv_blocks."""
     cc, sc = config.cache_config, config.scheduler_config
-    num_blocks = num_kv_blocks(cc, config.model_config, sc.max_model_len, sc.max_num_seqs, weights_bytes, dtype)
+    num_blocks = num_kv_blocks(cc, config.model_config, sc.max_model_len, sc.max_num_seqs, weights_bytes, dtype,
+                               sc.max_num_batched_tokens if config.pooling_task is not None else None)
     logger.info("total_block_num:%d (block_size %d, %d tokens, %s)", num_blocks, cc.block_size,
                 (num_blocks - 1) * cc.block_size, dtype)
     return dataclasses.replace(cc, num_blocks=num_blocks, dtype=dtype)
 
 
 def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, max_num_seqs: int,
-                  weights_bytes: int, dtype: str) -> int:
+                  weights_bytes: int, dtype: str, pooling_step_tokens: Optional[int] = None) -> int:
     """Blocks in the pool, the null block included: `cache.num_gpu_blocks_override`, or as many blocks of
     `dtype` as the memory left beside `weights_bytes` holds, at most what max_num_seqs full sequences
-    use. ValueError when the pool would not hold one max_model_len sequence."""
+    use, or for a pooling model (`pooling_step_tokens`: its token budget; its requests live one step) what
+    one step's prompts use. ValueError when the pool would not hold one max_model_len sequence."""
     blocks_per_seq = -(-max_model_len // cache.block_size)
     num_blocks = cache.num_gpu_blocks_override
     if num_blocks is not None:
@@ -65,6 +68,8 @@ def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, ma
             "max_model_len, or raise gpu_memory_utilization, or free memory"
         )
     useful = max_num_seqs * blocks_per_seq + 1
+    if pooling_step_tokens is not None:  # each request may leave one block part-full
+        useful = min(useful, -(-pooling_step_tokens // cache.block_size) + max_num_seqs + 1)
     if block_bytes == 0:  # an encoder: the blocks only count tokens, the runner allocates no cache
         return useful
     return int(min(budget // block_bytes, useful))

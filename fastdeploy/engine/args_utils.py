@@ -377,6 +377,9 @@ class EngineArgs:
         runner, pooler = pooling_setup.resolve_runner(
             self.runner, self.convert, self.task, hf_config, model_path,
             self.pooler_config if self.pooler_config is not None else self.override_pooler_config)
+        if pooler is not None and self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: pooling models run in one process "
+                             "(tensor parallelism serves generative models); leave it 1")
         limit = model_config.max_sequence_length
         if self.max_model_len is not None and self.max_model_len > limit:
             raise ValueError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("fastdeploy")
@@ -52,10 +53,14 @@ def warm_up(engine) -> None:
     sc, cc = engine.config.scheduler_config, engine.config.cache_config
     prompts, length = warmup_shape(sc.max_num_seqs, sc.max_num_batched_tokens, sc.max_model_len,
                                    cc.num_blocks, cc.block_size)
-    params = SamplingParams(temperature=0, seed=0, max_tokens=GENERATED, ignore_eos=True)
     first_id = engine._next_id
-    prepared = [engine.make_request(None, ids, params, i) for i, ids in
-                enumerate(warmup_prompts(engine.tokenizer, prompts, length))]
+    ids_list = warmup_prompts(engine.tokenizer, prompts, length)
+    if engine.config.pooling_task is not None:  # a pooling model: the same prompts, pooled
+        pooling = PoolingParams(task=engine.config.pooling_task)
+        prepared = [engine.make_pooling_request(None, ids, pooling, i) for i, ids in enumerate(ids_list)]
+    else:
+        params = SamplingParams(temperature=0, seed=0, max_tokens=GENERATED, ignore_eos=True)
+        prepared = [engine.make_request(None, ids, params, i) for i, ids in enumerate(ids_list)]
     for request in prepared:
         engine.enqueue(request)
     steps = 0

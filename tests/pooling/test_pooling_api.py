@@ -138,3 +138,23 @@ def test_truncation_keeps_the_special_tokens(embedder):
     assert len(out.prompt_token_ids) == 10 and out.prompt_token_ids[-1] == tok.convert_tokens_to_ids("<|endoftext|>")
     ids = list(range(3, 40))
     assert embedder.embed([ids], truncate_prompt_tokens=5, use_tqdm=False)[0].prompt_token_ids == ids[:5]
+
+
+def test_kv_pool_holds_one_step_of_pooling_prompts(embedder):
+    sc, cc = embedder.llm_engine.config.scheduler_config, embedder.llm_engine.config.cache_config
+    # requests live one step: at most the step's tokens in whole blocks, plus a part-full block each
+    assert cc.num_blocks <= -(-sc.max_num_batched_tokens // cc.block_size) + sc.max_num_seqs + 1
+
+
+def test_warm_up_runs_pooled_prompts(tmp_path):
+    path, st = make_qwen3_embedding(tmp_path)
+    llm = LLM(str(path), dtype="float32", use_warmup=1, max_num_seqs=4)
+    assert_engine_idle(llm)
+    ref = st.encode(["Hello world!"], convert_to_numpy=True)[0]
+    assert np.dot(llm.embed("Hello world!", use_tqdm=False)[0].outputs.data, ref) >= 0.99999
+
+
+def test_tensor_parallel_pooling_is_refused_before_any_worker_starts(tmp_path):
+    path, _ = make_qwen3_embedding(tmp_path)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2: pooling models run in one process"):
+        LLM(str(path), tensor_parallel_size=2)
