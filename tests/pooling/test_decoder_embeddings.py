@@ -123,3 +123,10 @@ def test_pooler_config_overrides_the_pipeline(qwen3_embedding):
     with torch.no_grad():
         mean = hf(torch.tensor([ids])).last_hidden_state[0].mean(0).numpy()
     np.testing.assert_allclose(llm.embed(TEXTS[0], use_tqdm=False)[0].outputs.data, mean, rtol=1e-4, atol=1e-4)
+
+
+def test_embeddings_in_wint8(qwen3_embedding):
+    path, st = qwen3_embedding
+    ref = st.encode(TEXTS, convert_to_numpy=True)
+    outs = LLM(str(path), quantization="wint8").embed(TEXTS, use_tqdm=False)
+    assert np.all(cosines([o.outputs.embedding for o in outs], ref) >= 0.995)

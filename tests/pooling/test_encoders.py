@@ -101,3 +101,10 @@ def test_bf16_checkpoint_of_a_cross_encoder(tmp_path):
     ref = CrossEncoder(str(tmp_path), device="cpu", model_kwargs={"dtype": "float32"}).predict(PAIRS)
     outs = LLM(str(tmp_path), dtype="float32").score([a for a, _ in PAIRS], [b for _, b in PAIRS], use_tqdm=False)
     np.testing.assert_allclose([o.outputs.score for o in outs], ref, atol=1e-4)
+
+
+def test_embeddings_in_wint8(sentence_encoder):
+    path, st = sentence_encoder
+    ref = st.encode(TEXTS, convert_to_numpy=True)
+    outs = LLM(str(path), quantization="wint8").embed(TEXTS, use_tqdm=False)
+    assert np.all(cosines([o.outputs.embedding for o in outs], ref) >= 0.995)
