@@ -154,7 +154,7 @@ def parse_pooling_body(body, kind: str) -> PoolingRequest:
         try:
             pairs = scoring.score_pairs(body.get("text_1"), body.get("text_2"))
         except (ValueError, TypeError) as e:
-            raise _bad(_named_key(str(e), body) or "text_1", str(e), INVALID_REQUEST) from e
+            raise _bad("text_2" if str(e).startswith("text_2") else "text_1", str(e), INVALID_REQUEST) from e
         return PoolingRequest(kind, params, pairs=pairs, model=model)
     encoding_format = body.get("encoding_format", "float")
     if encoding_format not in ENCODING_FORMATS:
