@@ -158,7 +158,8 @@ def parse_pooling_body(body, kind: str) -> PoolingRequest:
         return PoolingRequest(kind, params, pairs=pairs, model=model)
     encoding_format = body.get("encoding_format", "float")
     if encoding_format not in ENCODING_FORMATS:
-        raise _bad("encoding_format", f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding_format!r}")
+        raise _bad("encoding_format",
+                   f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding_format!r}")
     return PoolingRequest(kind, params, prompts=_prompts(body, "input"), encoding_format=encoding_format, model=model)
 
 
