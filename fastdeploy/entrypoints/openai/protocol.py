@@ -134,17 +134,7 @@ def parse_score_request(body, served_model_names: Iterable[str]) -> PoolingReque
 def parse_pooling_body(body, kind: str) -> PoolingRequest:
     """The checks run-batch and the server share for a `kind` ("embedding" or "score") body;
     OpenAIError (400) naming the key, as `parse_body`."""
-    if not isinstance(body, dict):
-        raise _bad(None, f"body must be an object, got {json_kind(body)}", INVALID_REQUEST)
-    accepted = EMBEDDING_KEYS if kind == "embedding" else SCORE_KEYS
-    unknown = sorted(set(body) - set(accepted))
-    if unknown:
-        raise _bad(unknown[0], f"unknown key(s) {unknown} in the body of {URLS[kind]}; accepted: {sorted(accepted)}",
-                   UNKNOWN_PARAMETER)
-    body = {k: v for k, v in body.items() if v is not None}  # null = absent
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad("model", f"model must be a string, got {model!r}")
+    body, model = _checked_body(body, kind, EMBEDDING_KEYS if kind == "embedding" else SCORE_KEYS)
     kwargs = {k: body[k] for k in ("dimensions", "normalize", "truncate_prompt_tokens") if k in body}
     try:
         params = PoolingParams(**kwargs)
@@ -194,7 +184,9 @@ def _is_id(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and t >= 0
 
 
-def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
+def _checked_body(body, kind: str, accepted) -> tuple[dict, Optional[str]]:
+    """(the body without its null keys, its model): OpenAIError for a body that is not an object, a
+    key outside `accepted` or a model that is not a string."""
     if not isinstance(body, dict):
         raise _bad(None, f"body must be an object, got {json_kind(body)}", INVALID_REQUEST)
     unknown = sorted(set(body) - set(accepted))
@@ -205,6 +197,11 @@ def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"model must be a string, got {model!r}")
+    return body, model
+
+
+def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
+    body, model = _checked_body(body, kind, accepted)
     if kind == "chat":
         request = OpenAIRequest(kind, SamplingParams(), messages=_chat_messages(body), model=model)
         request.chat_template_kwargs = body.get("chat_template_kwargs")
