@@ -7,6 +7,9 @@
         ...
     engine.shutdown()
 
+Prompts of a pooling model (`make_pooling_request`) run the same way: `generate` yields their one
+PoolingRequestOutput, and many of them are packed into each step.
+
 The loop thread owns the engine: it alone calls `enqueue`, `step` and `abort_request`. Callers
 hand it requests and aborts through a queue, and it picks them up between steps, so requests join
 and leave the running batch at every step. While nothing is queued it sleeps until a request
@@ -79,10 +82,12 @@ class AsyncEngine:
     async def generate(self, prepared, tool_call_reader=UNSET, stream: bool = True) -> AsyncIterator[RequestOutput]:
         """Queue a prompt made by `engine.make_request` and yield its delta RequestOutputs as the
         loop produces them, the last with finished=True (stream=False: only one, the whole output
-        once every completion has finished). Leaving the loop early (break, an
-        exception, a cancelled task) aborts the request. `tool_call_reader`: as
+        once every completion has finished). A pooling prompt (`engine.make_pooling_request`)
+        yields one PoolingRequestOutput, from the step that computed it. Leaving the loop early
+        (break, an exception, a cancelled task) aborts the request. `tool_call_reader`: as
         OutputProcessor.set_tool_call_reader (None: no tool calls are read); UNSET keeps the
-        engine's tool parser. Raises EngineDeadError when the engine has stopped."""
+        engine's tool parser. Raises EngineDeadError when the engine has stopped, or when
+        `abort_all` aborted a pooling prompt (it has no partial output to end with)."""
         self._check_alive()
         channel = _Channel(asyncio.get_running_loop())
         self._send(("add", prepared, channel, tool_call_reader, stream))
@@ -90,6 +95,8 @@ class AsyncEngine:
         try:
             while not finished:
                 item = await channel.queue.get()
+                if isinstance(item, EngineDeadError):
+                    raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped: {type(item).__name__}: {item}") from item
                 finished = item.finished
@@ -111,7 +118,8 @@ class AsyncEngine:
             engine.shutdown()
 
     def abort_all(self) -> None:
-        """Abort every queued and running request (their streams end with finish_reason "abort")."""
+        """Abort every queued and running request (their streams end with finish_reason "abort";
+        a pooling prompt's `generate` raises EngineDeadError)."""
         self._send(("abort_all",))
 
     def _check_alive(self) -> None:
@@ -185,9 +193,8 @@ class AsyncEngine:
     def _abort_all(self) -> None:
         items = []
         for request_id, stream in list(self._streams.items()):
-            output = self.engine.abort_request(request_id)
-            if output is not None:
-                items.append((stream, output))
+            output = self.engine.abort_request(request_id)  # None for a pooling prompt: it has no partial output
+            items.append((stream, output if output is not None else EngineDeadError("the request was aborted")))
         self._streams.clear()
         self._post(items)
 

@@ -18,20 +18,16 @@ from typing import Any, Optional, Sequence, Union
 
 from tqdm import tqdm
 
-import numpy as np
-
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
 from fastdeploy.engine.pooling_output import (ClassificationRequestOutput, EmbeddingRequestOutput,
-                                              PoolingRequestOutput, RewardRequestOutput, ScoringOutput,
-                                              ScoringRequestOutput)
+                                              PoolingRequestOutput, RewardRequestOutput, ScoringRequestOutput)
 from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.warmup import warm_up
-from fastdeploy.entrypoints import chat_utils
+from fastdeploy.entrypoints import chat_utils, scoring
 from fastdeploy.input.input_processor import check_text
-from fastdeploy.model_executor.layers.pooler import cosine_similarity
 from fastdeploy.model_executor.models.pooling_adapters import num_labels
 from fastdeploy.tool_parsers import tool_choice as tool_choices
 
@@ -205,32 +201,36 @@ class LLM:
         PoolingParams(activation=False)); an embedding model gives the cosine similarity of the two
         texts' embeddings. ValueError for empty or unequal lists."""
         with self._serialised("score"):
-            pairs = _score_pairs(text_1, text_2)
-            if self._pooling_task("score") == "embed":
-                return self._score_by_embeddings(pairs, pooling_params, use_tqdm, truncate_prompt_tokens)
-            labels = num_labels(self.llm_engine.config.model_config)
-            if labels != 1:
-                raise ValueError(f"LLM.score needs a cross-encoder with one label; this model has {labels} "
-                                 "(use LLM.classify)")
-            return self._pool([a for a, _ in pairs], pooling_params, "score", use_tqdm, "score",
-                              truncate_prompt_tokens, pairs=[b for _, b in pairs])
+            plan = self._score_plan(scoring.score_pairs(text_1, text_2), pooling_params, truncate_prompt_tokens)
+            return plan.scores(self._execute(plan.requests, use_tqdm))
 
-    def _score_by_embeddings(self, pairs, pooling_params, use_tqdm, truncate_prompt_tokens):
-        texts = list(dict.fromkeys(text for pair in pairs for text in pair))  # each distinct text once
-        truncate = pooling_params.truncate_prompt_tokens if pooling_params is not None else None
-        params = PoolingParams(truncate_prompt_tokens=truncate)  # the cosine reads nothing else
-        embedded = self._pool(texts, params, "embed", use_tqdm, "score", truncate_prompt_tokens)
-        by_text = dict(zip(texts, embedded))
-        return [ScoringRequestOutput(
-                    request_id=f"{by_text[a].request_id}-{by_text[b].request_id}", prompt=a,
-                    prompt_token_ids=by_text[a].prompt_token_ids + by_text[b].prompt_token_ids,
-                    outputs=ScoringOutput(np.array([cosine_similarity(by_text[a].outputs.data,
-                                                                      by_text[b].outputs.data)], np.float32)))
-                for a, b in pairs]
+    def _score_plan(self, pairs: list[tuple[str, str]], pooling_params: Optional[PoolingParams],
+                    truncate_prompt_tokens: Optional[int]) -> scoring.ScorePlan:
+        """The validated prompts that score `pairs` (scoring.py); ValueError as LLM.score raises it."""
+        if self._pooling_task("score") == "embed":
+            texts = scoring.distinct_texts(pairs)
+            truncate = pooling_params.truncate_prompt_tokens if pooling_params is not None else None
+            params = PoolingParams(truncate_prompt_tokens=truncate)  # the cosine reads nothing else
+            return scoring.ScorePlan(pairs, self._pooling_requests(texts, params, "embed", "score",
+                                                                   truncate_prompt_tokens), texts)
+        labels = num_labels(self.llm_engine.config.model_config)
+        if labels != 1:
+            raise ValueError(f"LLM.score needs a cross-encoder with one label; this model has {labels} "
+                             "(use LLM.classify)")
+        return scoring.ScorePlan(pairs, self._pooling_requests([a for a, _ in pairs], pooling_params, "score",
+                                                               "score", truncate_prompt_tokens,
+                                                               pairs=[b for _, b in pairs]))
 
     def _pool(self, prompts, pooling_params, task: str, use_tqdm: bool, method: str,
-              truncate_prompt_tokens: Optional[int] = None, pairs: Optional[list] = None) -> list:
+              truncate_prompt_tokens: Optional[int] = None) -> list:
         """Validate every prompt as `task`, then run them (the pooling methods' common path)."""
+        return self._execute(self._pooling_requests(prompts, pooling_params, task, method, truncate_prompt_tokens),
+                             use_tqdm)
+
+    def _pooling_requests(self, prompts, pooling_params, task: str, method: str,
+                          truncate_prompt_tokens: Optional[int] = None, pairs: Optional[list] = None) -> list:
+        """Every prompt validated as `task` (`pairs`: each prompt's second text), none queued; ValueError
+        naming LLM.`method` for a model that does not serve the task, or naming the prompt."""
         served = self._pooling_task(method)
         if task not in SERVED_TASKS[served]:
             raise ValueError(f"LLM.{method} runs task {task!r}, which this {served!r} model does not serve "
@@ -246,7 +246,7 @@ class LLM:
                 p = p.clone(truncate_prompt_tokens=truncate_prompt_tokens)
             requests.append(engine.make_pooling_request(text, ids, p.for_task(task), i,
                                                         pairs[i] if pairs is not None else None))
-        return self._execute(requests, use_tqdm)
+        return requests
 
     def _per_request_pooling_params(self, pooling_params, count: int) -> list[PoolingParams]:
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
@@ -453,24 +453,6 @@ def _forced_call_params(params: list[SamplingParams], tools: list[dict], tool_ch
             raise ValueError(f"the sampling_params of conversation {i} have guided_decoding ({p.guided_decoding.kind}), "
                              f"but tool_choice={tool_choice!r} constrains the output itself; give one or the other")
     return [tool_choices.forced_params(p, schema) for p in params]
-
-
-def _score_pairs(text_1, text_2) -> list[tuple[str, str]]:
-    """LLM.score's (text_1, text_2) pairs: 1 -> 1, 1 -> N or N -> N; ValueError for empty or unequal lists,
-    TypeError for anything but str and lists of str."""
-    firsts = [text_1] if isinstance(text_1, str) else text_1
-    seconds = [text_2] if isinstance(text_2, str) else text_2
-    for name, texts in (("text_1", firsts), ("text_2", seconds)):
-        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"{name} must be a str or a list of str, got {texts!r}")
-        if not texts:
-            raise ValueError(f"{name} is empty: give at least one text")
-    if len(firsts) == 1:
-        firsts = firsts * len(seconds)
-    if len(firsts) != len(seconds):
-        raise ValueError(f"text_1 and text_2 must pair 1 -> 1, 1 -> N or N -> N; got {len(firsts)} and "
-                         f"{len(seconds)} texts")
-    return list(zip(firsts, seconds))
 
 
 def _is_token_id(value) -> bool:

@@ -8,13 +8,16 @@ Input line (one JSON object per line)::
     {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 16}}
     {"custom_id": "q2", "url": "/v1/completions", "body": {"prompt": "Once upon a time", "max_tokens": 8}}
+    {"custom_id": "e1", "url": "/v1/embeddings", "body": {"input": ["first text", "second text"]}}
+    {"custom_id": "s1", "url": "/v1/score", "body": {"text_1": "a query", "text_2": ["doc 1", "doc 2"]}}
 
 The accepted keys, how they map to SamplingParams, the output shapes and the error codes are
 listed in docs/batch_format.md. The body is parsed by the server's parser
 (entrypoints/openai/protocol.py `parse_body`: messages, prompt, SamplingParams, output keys,
 tools) under batch's rules: one prompt per request, `stream` false only, `stream_options`
-ignored; any other key is rejected, naming it. The response bodies are the server's
-(entrypoints/openai/responses.py).
+ignored; any other key is rejected, naming it. Embedding and score bodies are parsed by
+`protocol.parse_pooling_body` (one line may hold several inputs: its body has them all, as the
+server's does). The response bodies are the server's (entrypoints/openai/responses.py).
 
 Output line of a success (`response_record`)::
 
@@ -32,6 +35,7 @@ and of a failure (`error_record`)::
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass
@@ -44,7 +48,8 @@ from fastdeploy.entrypoints.openai.protocol import INVALID_PARAMETER, INVALID_RE
 
 CHAT_URL = protocol.CHAT_URL
 COMPLETIONS_URL = protocol.COMPLETIONS_URL
-URLS = {CHAT_URL: "chat", COMPLETIONS_URL: "completion"}
+URLS = {url: kind for kind, url in protocol.URLS.items()}  # chat, completion, embedding, score
+POOLING_KINDS = ("embedding", "score")
 LINE_KEYS = ("custom_id", "method", "url", "body")
 
 # error codes of BatchLineError / error_record; INVALID_REQUEST (JSON, but not a request line: shape,
@@ -65,16 +70,17 @@ class BatchRequest:
 
     custom_id: str
     line: int  # 1-based line number in the input file
-    kind: str  # "chat" or "completion"
+    kind: str  # "chat", "completion", "embedding" or "score"
     messages: Optional[list]  # chat: the OpenAI messages, validated
     prompt: Union[str, list[int], None]  # completion: text or token ids
-    sampling_params: SamplingParams
+    sampling_params: Optional[SamplingParams]  # None for embedding and score
     chat_template_kwargs: Optional[dict]  # chat only: body["chat_template_kwargs"]
     model: Optional[str]  # body["model"], echoed in the response; None: the runner's model name
     tools: Optional[list] = None  # chat only: the validated tools, rendered by the chat template
     tool_choice: Union[str, dict, None] = None  # chat only: None, "auto", "none", "required" or a function
     guided_decoding_backend: Optional[str] = None  # the body's; the worker accepts only its LLM's
     constraint_key: Optional[str] = None  # the body key the output constraint came from ("tool_choice" too)
+    pooling: Optional[protocol.PoolingRequest] = None  # embedding and score: the parsed body (all its inputs)
 
     @property
     def prompts(self) -> Optional[list]:
@@ -155,6 +161,12 @@ def _parse_object(obj: dict, line: int, cid: str) -> BatchRequest:
     if url not in URLS:
         raise _error(line, cid, UNSUPPORTED_URL, f"url must be one of {list(URLS)}, got {url!r}")
     kind = URLS[url]
+    if kind in POOLING_KINDS:
+        try:
+            pooling = protocol.parse_pooling_body(obj.get("body"), kind)
+        except protocol.OpenAIError as e:
+            raise _error(line, cid, e.code, e.message) from e
+        return BatchRequest(cid, line, kind, None, None, None, None, pooling.model, pooling=pooling)
     try:
         parsed = protocol.parse_body(obj.get("body"), kind, CHAT_KEYS if kind == "chat" else COMPLETION_KEYS)
     except protocol.OpenAIError as e:
@@ -200,6 +212,20 @@ def response_record(request: BatchRequest, output: RequestOutput, model_name: st
         body = responses.completion_body([output], request.sampling_params, model, prompt_tokens_details=False)
     return {"id": _batch_id(), "custom_id": request.custom_id, "error": None,
             "response": {"status_code": 200, "request_id": output.request_id, "body": body}}
+
+
+def pooling_record(request: BatchRequest, outputs: list, plan, model_name: str) -> dict:
+    """The output line of a finished embedding or score request: status 200 and the server's body
+    (entrypoints/openai/responses.py `pooling_body`; `outputs` and `plan` from prepare.prepare_pooling's
+    prompts), `request_id` the engine id of its first input. An output that failed at run time gives
+    an "internal_error" record (500) instead, as in `response_record`."""
+    pooling = dataclasses.replace(request.pooling, model=request.model if request.model is not None else model_name)
+    try:
+        body = responses.pooling_body(pooling, outputs, plan)
+    except protocol.OpenAIError as e:
+        return error_record(request.custom_id, request.line, INTERNAL_ERROR, e.message, e.status_code)
+    return {"id": _batch_id(), "custom_id": request.custom_id, "error": None,
+            "response": {"status_code": 200, "request_id": outputs[0].request_id, "body": body}}
 
 
 def _batch_id() -> str:

@@ -114,7 +114,7 @@ def _write(out: OutputFile, record: dict, summary: Summary, line: Optional[int])
             summary.failures.append((line, record["error"].get("message")))
         return
     summary.done += 1
-    summary.completion_tokens += record["response"]["body"]["usage"]["completion_tokens"]
+    summary.completion_tokens += record["response"]["body"]["usage"].get("completion_tokens", 0)  # 0: pooling
 
 
 def _make_workers(engine_kwargs: dict, data_parallel_size: int, ray_address: Optional[str]):

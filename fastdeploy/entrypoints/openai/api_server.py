@@ -44,7 +44,7 @@ def make_parser(prog: Optional[str] = None, model_positional: bool = False) -> a
     parser.add_argument("--api-key", action="append", default=None,
                         help="accepted API key (repeatable; default: the FD_API_KEY environment variable)")
     parser.add_argument("--max-concurrency", type=int, default=2048,
-                        help="completion requests answered at once; more get HTTP 429 (default 2048)")
+                        help="requests answered at once; more get HTTP 429 (default 2048)")
     parser.add_argument("--timeout-graceful-shutdown", type=float, default=30.0,
                         help="seconds in-flight requests may take to finish after SIGTERM/SIGINT before they "
                              "are aborted (default 30; 0 aborts at once)")

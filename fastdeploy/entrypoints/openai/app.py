@@ -1,15 +1,17 @@
 """The FastAPI application of the API server: routes, API keys, the concurrency limit, draining.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (200; 503 once
-the engine is dead or the server is draining), GET /version, GET /metrics (Prometheus text, unless
-the metrics have their own port).
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/score,
+GET /v1/models, GET /health (200; 503 once the engine is dead or the server is draining), GET
+/version, GET /metrics (Prometheus text, unless the metrics have their own port). A generative
+model answers the completion routes, an embedding model /v1/embeddings and /v1/score, a one-label
+classification model (a cross-encoder) /v1/score; any other route of the four is a 400 saying why.
 
 Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`:
 - 400: a body that is not a JSON object, or anything the offline API rejects (protocol.py and the
   engine's own validation, prepare.py); never FastAPI's 422;
 - 401: `/v1/*` without `Authorization: Bearer <key>` matching one of the API keys (when set);
 - 404: an unknown route, or a `model` that is not served;
-- 429: more than `max_concurrency` completion requests at once;
+- 429: more than `max_concurrency` requests at once (completions, embeddings, scores);
 - 500: a request that failed while running; 503: the engine is dead or the server is draining.
 
 Non-streamed requests race the client: when the client disconnects, the handler is cancelled and
@@ -114,6 +116,14 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(request: Request):
         return await _complete(state, request, protocol.parse_completion_request)
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await _pool(state, request, protocol.parse_embedding_request)
+
+    @app.post("/v1/score")
+    async def score(request: Request):
+        return await _pool(state, request, protocol.parse_score_request)
+
     return app
 
 
@@ -121,11 +131,31 @@ def _unavailable(message: str) -> JSONResponse:
     return error_response(OpenAIError(503, message, type="service_unavailable", code="service_unavailable"))
 
 
-async def _complete(state: ServerState, request: Request, parse):
+def _admit(state: ServerState) -> None:
+    """Count one more request in flight; OpenAIError 429 beyond max_concurrency."""
     if state.in_flight >= state.max_concurrency:
         raise OpenAIError(429, f"too many requests: this server answers at most {state.max_concurrency} at once "
                                "(--max-concurrency); retry later", type="rate_limit_error", code="rate_limit_exceeded")
     state.in_flight += 1
+
+
+async def _pool(state: ServerState, request: Request, parse):
+    """An embedding or score request: parsed, prepared off the event loop, pooled, answered whole."""
+    _admit(state)
+    try:
+        parsed = parse(await _json_body(request), state.served_model_names)
+        serving = state.serving
+        if serving.engine.dead is not None:
+            return _unavailable(f"the engine stopped: {serving.engine.dead}")
+        prepared = await serving.prepare_pooling(parsed)
+        body = await _unless_disconnected(request, serving.pool(parsed, prepared))
+        return JSONResponse(body) if body is not None else Response(status_code=499)
+    finally:
+        state.in_flight -= 1
+
+
+async def _complete(state: ServerState, request: Request, parse):
+    _admit(state)
     streaming = False
     try:
         parsed = parse(await _json_body(request), state.served_model_names)

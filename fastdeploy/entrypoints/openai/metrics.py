@@ -2,6 +2,9 @@
 
 Gauges are read from the engine loop's stats at scrape time (engine/async_engine.py EngineStats);
 counters and histograms are updated as each request finishes, from its RequestOutput's metrics.
+An embedding or score input (one pooled prompt) counts as a request too: its prompt tokens, its
+success (finished_reason "stop"), its end-to-end and queue times; it generates no tokens, so it has
+no token timings, and it is left out of the prefix-cache hit rates.
 Each server has its own registry, so several servers (or tests) in one process never share series.
 
 | name | type | what |
@@ -92,6 +95,16 @@ class ServerMetrics:
             self._prompt_tokens += prompt
             self._hit_requests += output.num_cached_tokens > 0
             self._hit_tokens += output.num_cached_tokens
+
+    def observe_pooling(self, output) -> None:
+        """Count one finished pooled prompt (a PoolingRequestOutput; see the module docstring)."""
+        m = output.metrics
+        if m is not None:
+            if m.time_in_queue is not None:
+                self.queue_time.observe(m.time_in_queue)
+            self.e2e.observe(m.model_execute_time or 0.0)
+        self.success.labels(finished_reason="stop").inc()
+        self.prompt_tokens.inc(len(output.prompt_token_ids))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

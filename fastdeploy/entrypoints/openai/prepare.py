@@ -4,6 +4,9 @@
 Chat messages go through the LLM's chat template (its `tools` too, and the media parts fetched);
 completion prompts are text (tokenized without special tokens) or token ids. Each prompt is then
 validated by `LLMEngine.make_request` (prompt length, logprobs limits, the grammar compiled).
+Embedding and score requests (protocol.PoolingRequest) are validated as `LLM.embed` and
+`LLM.score` validate them (`prepare_pooling`). A request the model cannot answer (text from an
+embedding model, embeddings from a generative one) is refused by `task_refusal`.
 What the LLM cannot take is a ValueError naming the key: a per-request guided_decoding_backend
 other than the LLM's, tool_choice "auto" without a tool-call parser, a constraint that does not
 compile (named by the body key it came from).
@@ -18,11 +21,37 @@ from typing import Optional
 
 from fastdeploy.engine.async_engine import UNSET
 from fastdeploy.entrypoints.openai import constraints
+from fastdeploy.entrypoints.openai.protocol import URLS
+from fastdeploy.entrypoints.scoring import ScorePlan
 from fastdeploy.tool_parsers import tool_choice as tool_choices
 
 
+def task_refusal(llm, kind: str) -> Optional[str]:
+    """Why `llm`'s model cannot answer a `kind` request ("chat", "completion", "embedding", "score"),
+    or None when it can: text comes from generative models, embeddings from embedding models, scores
+    from embedding models (cosine) and classification models (a one-label cross-encoder)."""
+    task = llm.llm_engine.config.pooling_task
+    served = _served_kinds(task)
+    if kind in served:
+        return None
+    wanted = {"chat": "generate text", "completion": "generate text", "embedding": "serve embeddings",
+              "score": "serve scores"}[kind]
+    what = "a generative model" if task is None else f"a pooling model (task {task!r})"
+    answers = f"it answers {', '.join(URLS[k] for k in served)}" if served else "no endpoint of this server serves it"
+    return f"this model does not {wanted}: it is {what}; {answers}"
+
+
+def _served_kinds(task: Optional[str]) -> list[str]:
+    if task is None:
+        return ["chat", "completion"]
+    return [k for k, ok in (("embedding", task == "embed"), ("score", task in ("embed", "classify"))) if ok]
+
+
 def refusal(llm, request) -> Optional[str]:
-    """Why `llm` cannot take the request's output keys, or None when it can."""
+    """Why `llm` cannot take the request (its kind, its output keys), or None when it can."""
+    reason = task_refusal(llm, request.kind)
+    if reason is not None:
+        return reason
     config = llm.llm_engine.config
     wanted = request.guided_decoding_backend
     if wanted is not None and wanted != config.guided_decoding_backend:
@@ -60,6 +89,19 @@ def prepare(llm, request) -> list:
     if reason is not None:
         raise ValueError(reason)
     return make_requests(llm, request)
+
+
+def prepare_pooling(llm, request) -> tuple[list, Optional[ScorePlan]]:
+    """A PoolingRequest's prompts, validated by the LLM's own path (`LLM.embed`'s, `LLM.score`'s),
+    and for a score request the ScorePlan that reads the pairs' scores from their outputs (else None).
+    ValueError/TypeError for what the LLM refuses (the model's task too: `task_refusal`)."""
+    reason = task_refusal(llm, request.kind)
+    if reason is not None:
+        raise ValueError(reason)
+    if request.kind == "embedding":
+        return llm._pooling_requests(request.prompts, request.pooling_params, "embed", "embed"), None
+    plan = llm._score_plan(request.pairs, request.pooling_params, None)
+    return plan.requests, plan
 
 
 def tool_call_reader(request):

@@ -1,7 +1,7 @@
 """OpenAI request bodies -> `OpenAIRequest` (prompt or messages, SamplingParams, tools): one parser
 for the HTTP server and run-batch. Pure data, no engine.
 
-Bodies follow OpenAI's API reference (Chat Completions, Completions); the sampling extras
+Bodies follow OpenAI's API reference (Chat Completions, Completions, Embeddings); the sampling extras
 (`top_k`, `min_p`, `repetition_penalty`, ...) and `chat_template_kwargs` follow vLLM's server; the
 output keys (`response_format`, `guided_*`, `logit_bias`, `tools`, ...) are mapped by
 constraints.py. docs/batch_format.md lists every key and what it maps to.
@@ -11,6 +11,9 @@ constraints.py. docs/batch_format.md lists every key and what it maps to.
 - `parse_chat_request(body, served_model_names)` / `parse_completion_request(...)`: the server's,
   which adds `stream`, `stream_options`, `prompt_logprobs` and `echo` (false only), takes a list
   of prompts for completions, and answers a model it does not serve with 404.
+- `parse_pooling_body(body, kind)` -> `PoolingRequest`: a /v1/embeddings (OpenAI's Embeddings
+  body, vLLM's `normalize` and `truncate_prompt_tokens`) or /v1/score body (vLLM's `text_1` /
+  `text_2`); `parse_embedding_request` / `parse_score_request` are the server's (404 for the model).
 
 Every error is an `OpenAIError` (status 400, or 404 for the model) whose message names the key,
 the value and what is allowed; `.body()` is OpenAI's error object.
@@ -20,19 +23,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.entrypoints import scoring
 from fastdeploy.entrypoints.chat_utils import validate_conversation
 from fastdeploy.entrypoints.openai import constraints
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = {"chat": CHAT_URL, "completion": COMPLETIONS_URL}
+EMBEDDINGS_URL = "/v1/embeddings"
+SCORE_URL = "/v1/score"
+URLS = {"chat": CHAT_URL, "completion": COMPLETIONS_URL, "embedding": EMBEDDINGS_URL, "score": SCORE_URL}
 
 # OpenAIError codes (run-batch writes them in its error records)
 INVALID_REQUEST = "invalid_request"  # the body's shape, its messages or prompt
 UNKNOWN_PARAMETER = "unknown_parameter"  # a body key this server does not know
 INVALID_PARAMETER = "invalid_parameter"  # a known body key with a bad value (SamplingParams' checks)
 MODEL_NOT_FOUND = "model_not_found"  # (404) a model this server does not serve
+UNSUPPORTED_TASK = "unsupported_task"  # an endpoint the model cannot answer (text from an embedding model, ...)
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                  "frequency_penalty", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
@@ -44,6 +52,9 @@ CHAT_KEYS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "c
 COMPLETION_KEYS = ("prompt", "logprobs", *SAMPLING_KEYS, *OUTPUT_KEYS, *IGNORED_KEYS)
 SERVER_KEYS = ("stream", "stream_options", "prompt_logprobs", "echo")  # the server's on top of the above
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
+EMBEDDING_KEYS = ("input", "encoding_format", "dimensions", "normalize", "truncate_prompt_tokens", *IGNORED_KEYS)
+SCORE_KEYS = ("text_1", "text_2", "truncate_prompt_tokens", *IGNORED_KEYS)
+ENCODING_FORMATS = ("float", "base64")
 
 
 class OpenAIError(Exception):
@@ -83,6 +94,19 @@ class OpenAIRequest:
     continuous_usage_stats: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
 
 
+@dataclass
+class PoolingRequest:
+    """One parsed /v1/embeddings (kind "embedding": `LLM.embed`'s inputs) or /v1/score body (kind
+    "score": `LLM.score`'s pairs)."""
+
+    kind: str  # "embedding" or "score"
+    pooling_params: PoolingParams  # dimensions, normalize, truncate_prompt_tokens (score: truncation only)
+    prompts: Optional[list] = None  # embedding: each a str or a list of token ids; data[i] is prompt i's
+    pairs: Optional[list] = None  # score: the (text_1, text_2) pairs; data[i] is pair i's score
+    encoding_format: str = "float"  # embedding: "float" (arrays of numbers) or "base64" (float32 bytes)
+    model: Optional[str] = None
+
+
 def parse_chat_request(body, served_model_names: Iterable[str]) -> OpenAIRequest:
     """A `POST /v1/chat/completions` body as the server takes it; OpenAIError for any bad input."""
     return _parse_server_body(body, "chat", served_model_names)
@@ -92,6 +116,46 @@ def parse_completion_request(body, served_model_names: Iterable[str]) -> OpenAIR
     """A `POST /v1/completions` body as the server takes it (`prompt`: a string, token ids, or a
     non-empty list of either); OpenAIError for any bad input."""
     return _parse_server_body(body, "completion", served_model_names)
+
+
+def parse_embedding_request(body, served_model_names: Iterable[str]) -> PoolingRequest:
+    """A `POST /v1/embeddings` body (OpenAI's: `input` a string, token ids, or a non-empty array of
+    either; `encoding_format` "float" or "base64"; `dimensions`; vLLM's `normalize` and
+    `truncate_prompt_tokens`); OpenAIError for any bad input, 404 for a model not served."""
+    return _served_pooling_request(parse_pooling_body(body, "embedding"), served_model_names)
+
+
+def parse_score_request(body, served_model_names: Iterable[str]) -> PoolingRequest:
+    """A `POST /v1/score` body (vLLM's: `text_1` and `text_2`, each a string or an array of strings,
+    paired 1 -> 1, 1 -> N or N -> N; `truncate_prompt_tokens`); OpenAIError as above."""
+    return _served_pooling_request(parse_pooling_body(body, "score"), served_model_names)
+
+
+def parse_pooling_body(body, kind: str) -> PoolingRequest:
+    """The checks run-batch and the server share for a `kind` ("embedding" or "score") body;
+    OpenAIError (400) naming the key, as `parse_body`."""
+    body, model = _checked_body(body, kind, EMBEDDING_KEYS if kind == "embedding" else SCORE_KEYS)
+    kwargs = {k: body[k] for k in ("dimensions", "normalize", "truncate_prompt_tokens") if k in body}
+    try:
+        params = PoolingParams(**kwargs)
+    except (ValueError, TypeError) as e:  # PoolingParams' messages name the field
+        raise _bad(_named_key(str(e), body), str(e)) from e
+    if kind == "score":
+        try:
+            pairs = scoring.score_pairs(body.get("text_1"), body.get("text_2"))
+        except (ValueError, TypeError) as e:
+            raise _bad("text_2" if str(e).startswith("text_2") else "text_1", str(e), INVALID_REQUEST) from e
+        return PoolingRequest(kind, params, pairs=pairs, model=model)
+    encoding_format = body.get("encoding_format", "float")
+    if encoding_format not in ENCODING_FORMATS:
+        raise _bad("encoding_format",
+                   f"encoding_format must be one of {list(ENCODING_FORMATS)}, got {encoding_format!r}")
+    return PoolingRequest(kind, params, prompts=_prompts(body, "input"), encoding_format=encoding_format, model=model)
+
+
+def _served_pooling_request(request: PoolingRequest, served_model_names: Iterable[str]) -> PoolingRequest:
+    request.model = served_model(request.model, list(served_model_names))
+    return request
 
 
 def parse_body(body, kind: str, accepted: Iterable[str]) -> OpenAIRequest:
@@ -120,7 +184,9 @@ def _is_id(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and t >= 0
 
 
-def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
+def _checked_body(body, kind: str, accepted) -> tuple[dict, Optional[str]]:
+    """(the body without its null keys, its model): OpenAIError for a body that is not an object, a
+    key outside `accepted` or a model that is not a string."""
     if not isinstance(body, dict):
         raise _bad(None, f"body must be an object, got {json_kind(body)}", INVALID_REQUEST)
     unknown = sorted(set(body) - set(accepted))
@@ -131,6 +197,11 @@ def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"model must be a string, got {model!r}")
+    return body, model
+
+
+def _parse(body, kind: str, accepted: tuple) -> OpenAIRequest:
+    body, model = _checked_body(body, kind, accepted)
     if kind == "chat":
         request = OpenAIRequest(kind, SamplingParams(), messages=_chat_messages(body), model=model)
         request.chat_template_kwargs = body.get("chat_template_kwargs")
@@ -173,16 +244,16 @@ def _chat_messages(body: dict) -> list:
     return messages
 
 
-def _prompts(body: dict) -> list:
-    """`prompt` as a list of prompts: a string, token ids, or a non-empty array of either."""
-    prompt = body.get("prompt")
+def _prompts(body: dict, key: str = "prompt") -> list:
+    """body[key] as a list of prompts: a string, token ids, or a non-empty array of either."""
+    prompt = body.get(key)
     if isinstance(prompt, list) and prompt and not all(_is_id(t) for t in prompt):
         prompts = prompt if all(isinstance(p, (str, list)) for p in prompt) else [prompt]
     else:
         prompts = [prompt]
     for p in prompts:
         if not (isinstance(p, str) and p or isinstance(p, list) and p and all(_is_id(t) for t in p)):
-            raise _bad("prompt", "prompt must be a non-empty string or a non-empty array of token ids (ints >= 0), "
+            raise _bad(key, f"{key} must be a non-empty string or a non-empty array of token ids (ints >= 0), "
                        f"or an array of those, got {prompt!r}", INVALID_REQUEST)
     return [p if isinstance(p, str) else list(p) for p in prompts]
 
@@ -234,11 +305,7 @@ def _parse_server_body(body, kind: str, served_model_names: Iterable[str]) -> Op
     names = list(served_model_names)
     accepted = (*(CHAT_KEYS if kind == "chat" else COMPLETION_KEYS), *SERVER_KEYS)
     request = parse_body(body, kind, accepted)
-    if request.model is None:
-        request.model = names[0]
-    elif request.model not in names:
-        raise OpenAIError(404, f"the model {request.model!r} does not exist; this server serves {names}",
-                          param="model", code=MODEL_NOT_FOUND)
+    request.model = served_model(request.model, names)
     body = {k: v for k, v in body.items() if v is not None}
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -250,6 +317,17 @@ def _parse_server_body(body, kind: str, served_model_names: Iterable[str]) -> Op
     if echo is not False:
         raise _bad("echo", f"echo must be false (echoing the prompt is not supported), got {echo!r}")
     return request
+
+
+def served_model(model: Optional[str], names: list[str]) -> str:
+    """The body's model as the server answers it: the first served name when absent; OpenAIError 404
+    for a name it does not serve."""
+    if model is None:
+        return names[0]
+    if model not in names:
+        raise OpenAIError(404, f"the model {model!r} does not exist; this server serves {names}",
+                          param="model", code=MODEL_NOT_FOUND)
+    return model
 
 
 def _stream_options(request: OpenAIRequest, options) -> None:

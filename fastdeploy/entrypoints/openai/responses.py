@@ -1,4 +1,4 @@
-"""OpenAI response bodies and stream chunks from RequestOutputs. Pure data, no engine.
+"""OpenAI response bodies and stream chunks from RequestOutputs (and PoolingRequestOutputs). Pure data, no engine.
 
 Shapes from OpenAI's API reference (the chat completion object, the chat completion chunk object,
 the completion object), as the official `openai` client parses them; `reasoning_content` and
@@ -6,6 +6,9 @@ the completion object), as the official `openai` client parses them; `reasoning_
 
 - `chat_completion_body(output, params, model)` / `completion_body(outputs, params, model)`: a
   finished request's `chat.completion` / `text_completion` object.
+- `pooling_body(request, outputs, plan)`: a finished /v1/embeddings request's `list` of
+  `embedding` objects (OpenAI's; base64 is the little-endian float32 bytes, as the `openai` client
+  decodes them) or a /v1/score request's `list` of `score` objects (vLLM's), in input order.
 - `ChatStream(request)` / `CompletionStream(request)`: one streamed response. `feed(delta)` takes a
   delta RequestOutput (only the completions that changed; each CompletionOutput's `token_ids`,
   `text`, `reasoning_content` and `logprobs` hold only what is new, `finish_reason` and
@@ -23,15 +26,19 @@ chunks). A token's text is `Logprob.decoded_token`; -inf and NaN logprobs are wr
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import time
 import uuid
 from typing import Optional
 
+import numpy as np
+
 from fastdeploy.engine.request import CompletionOutput, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
-from fastdeploy.entrypoints.openai.protocol import OpenAIError, OpenAIRequest
+from fastdeploy.entrypoints.openai.protocol import OpenAIError, OpenAIRequest, PoolingRequest
+from fastdeploy.entrypoints.scoring import ScorePlan
 
 LOGPROB_FLOOR = -9999.0  # -inf is not JSON: logprobs are reported as at least this (vLLM does the same)
 SSE_DONE = "data: [DONE]\n\n"
@@ -78,6 +85,31 @@ def completion_body(outputs: list[RequestOutput], params: SamplingParams, model:
                 choice["prompt_logprobs"] = prompt_logprobs(output.prompt_logprobs)
             choices.append(choice)
     return _body("completion", model, choices, _usage_of(outputs, prompt_tokens_details))
+
+
+def pooling_body(request: PoolingRequest, outputs: list, plan: Optional[ScorePlan]) -> dict:
+    """The body of a finished embedding or score request: `outputs` are its PoolingRequestOutputs in
+    request order (prepare.prepare_pooling's), `plan` the score request's ScorePlan. `usage` counts
+    the prompt tokens the model read (an embedding model's score: each distinct text once).
+    OpenAIError (500) when one failed at run time."""
+    for output in outputs:
+        _check(output)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    usage_ = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    if plan is None:
+        data = [{"object": "embedding", "index": i, "embedding": _embedding(o.outputs.data, request.encoding_format)}
+                for i, o in enumerate(outputs)]
+        return {"object": "list", "data": data, "model": request.model, "usage": usage_}
+    data = [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(plan.scores(outputs))]
+    return {"id": "score-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()), "model": request.model,
+            "data": data, "usage": usage_}
+
+
+def _embedding(data: np.ndarray, encoding_format: str):
+    """A float32 vector as a list of numbers, or base64 of its little-endian bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(data, dtype="<f4").tobytes()).decode("ascii")
+    return data.tolist()
 
 
 def chat_choice(c: CompletionOutput, index: int, top_logprobs: Optional[int]) -> dict:

@@ -1,9 +1,13 @@
-"""The completion endpoints: a parsed OpenAI request -> the engine loop -> a response body or an SSE stream.
+"""The endpoints: a parsed OpenAI request -> the engine loop -> a response body or an SSE stream.
 
 Both endpoints share one path: the request's prompts are prepared off the event loop (chat template,
 tokenization, grammar compilation: prepare.py), each runs on the AsyncEngine, and the results become
 OpenAI's bodies or chunks (responses.py). A prompt list of /v1/completions runs as one engine
 request per prompt, all at once; choice i * n + j is prompt i's completion j.
+
+Embeddings and scores (`prepare_pooling`, `pool`) take the same path without streams: each input
+(a score request's pairs, or its distinct texts for an embedding model) is one engine request, all
+at once, and the body is built when all have been pooled.
 
 Streams: `data: {chunk}\\n\\n` per chunk, then `data: [DONE]\\n\\n`. An engine that dies mid-stream
 ends the stream with one `data: {"error": {...}}` event before [DONE]. A client that goes away
@@ -18,7 +22,8 @@ from typing import AsyncIterator
 from fastdeploy.engine.async_engine import AsyncEngine, EngineDeadError
 from fastdeploy.entrypoints.openai import prepare, responses
 from fastdeploy.entrypoints.openai.metrics import ServerMetrics
-from fastdeploy.entrypoints.openai.protocol import OpenAIError, OpenAIRequest
+from fastdeploy.entrypoints.openai.protocol import (EMBEDDING_KEYS, INVALID_PARAMETER, SCORE_KEYS, UNSUPPORTED_TASK,
+                                                    OpenAIError, OpenAIRequest, PoolingRequest)
 
 logger = logging.getLogger("fastdeploy")
 
@@ -31,10 +36,42 @@ class OpenAIServing:
 
     async def prepare(self, request: OpenAIRequest) -> list:
         """The request's prepared prompts, made on a worker thread; OpenAIError 400 for bad input."""
+        self.check_task(request.kind)
         try:
             return await asyncio.to_thread(prepare.prepare, self.llm, request)
         except (ValueError, TypeError, FileNotFoundError, ConnectionError) as e:
             raise OpenAIError(400, str(e), code="invalid_parameter") from e
+
+    def check_task(self, kind: str) -> None:
+        """OpenAIError 400 (code unsupported_task) when the model cannot answer a `kind` request."""
+        reason = prepare.task_refusal(self.llm, kind)
+        if reason is not None:
+            raise OpenAIError(400, reason, code=UNSUPPORTED_TASK)
+
+    async def prepare_pooling(self, request: PoolingRequest) -> tuple[list, object]:
+        """prepare.prepare_pooling on a worker thread; OpenAIError 400 naming the body key for bad input."""
+        self.check_task(request.kind)
+        try:
+            return await asyncio.to_thread(prepare.prepare_pooling, self.llm, request)
+        except (ValueError, TypeError) as e:
+            raise OpenAIError(400, str(e), param=_pooling_param(str(e), request.kind), code=INVALID_PARAMETER) from e
+
+    async def pool(self, request: PoolingRequest, prepared: tuple[list, object]) -> dict:
+        """The embedding or score body once every prompt of the request has been pooled: each prompt is
+        its own engine request, so the prompts of many requests share steps."""
+        prompts, plan = prepared
+        outputs = await asyncio.gather(*(self._pooled(p) for p in prompts))
+        return responses.pooling_body(request, outputs, plan)
+
+    async def _pooled(self, prepared):
+        output = None
+        try:
+            async for output in self.engine.generate(prepared, stream=False):
+                pass
+        except EngineDeadError as e:
+            raise OpenAIError(500, str(e), type="internal_server_error", code="engine_dead") from e
+        self.metrics.observe_pooling(output)
+        return output
 
     async def complete(self, request: OpenAIRequest, prepared: list) -> dict:
         """The whole response body once every completion has finished; OpenAIError (500) when one
@@ -104,3 +141,13 @@ class OpenAIServing:
         finally:
             for task in tasks:  # a client that left: every prompt's request is aborted
                 task.cancel()
+
+
+def _pooling_param(message: str, kind: str):
+    """The body key an LLM.embed / LLM.score message is about: a key among its first words ("dimensions=8:
+    ...", "prompt 0: truncate_prompt_tokens=..."), else the inputs for a message about a prompt."""
+    words = message.replace("=", " ").replace(":", " ").split()
+    for word in words[:3]:
+        if word in (EMBEDDING_KEYS if kind == "embedding" else SCORE_KEYS):
+            return word
+    return "input" if kind == "embedding" and words[:1] == ["prompt"] else None

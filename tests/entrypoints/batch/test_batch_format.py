@@ -72,7 +72,9 @@ def test_bad_lines_without_custom_id(text, code, words):
 
 
 def test_bad_url_method_body_and_top_level_keys():
-    fails(line({"prompt": "a"}, url="/v1/embeddings"), "unsupported_url", "/v1/embeddings", CHAT, COMP)
+    fails(line({"query": "a"}, url="/v1/rerank"), "unsupported_url", "/v1/rerank", CHAT, COMP, "/v1/embeddings",
+          "/v1/score")
+    fails(line({"prompt": "a"}, url="/v1/embeddings"), "unknown_parameter", "prompt", "input")
     fails(json.dumps({"custom_id": "r1", "body": {"prompt": "a"}}), "unsupported_url", "None")
     fails(line({"prompt": "a"}, url=COMP, method="GET"), "unsupported_method", "GET")
     fails(line([1], url=COMP), "invalid_request", "body", "array")
