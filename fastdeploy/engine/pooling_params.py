@@ -27,8 +27,10 @@ class PoolingParams:
             Normalize module, else True for embedding models).
         activation: softmax over the labels (sigmoid for a one-label model) of classification and score
             outputs; None: True.
-        truncate_prompt_tokens: keep only the last k tokens of a longer prompt (-1: max_model_len);
-            None: a prompt longer than max_model_len is a ValueError.
+        truncate_prompt_tokens: keep k tokens of a longer prompt (-1: max_model_len), cut on the
+            tokenizer's truncation side (the end by default) with its special tokens kept, as
+            sentence-transformers cuts at max_seq_length; None: a prompt longer than max_model_len is a
+            ValueError.
         task: set by the LLM method ("embed", "classify", "score", "reward"); a user setting that
             disagrees with the method is a ValueError.
     """
