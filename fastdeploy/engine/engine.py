@@ -31,6 +31,7 @@ from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.scheduler import Scheduler
@@ -69,6 +70,7 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         from fastdeploy.cache_manager import kv_cache_sizing
+        from fastdeploy.engine.pooling_setup import classifier_token_ids
         from fastdeploy.input.processors import complete_hf_config
         from fastdeploy.input.tokenizer import load_tokenizer
         from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
@@ -79,7 +81,8 @@ class LLMEngine:
         start = time.perf_counter()
         path, source = open_model(args.model)
         tokenizer = load_tokenizer(source, args.tokenizer)
-        hf_config = complete_hf_config(source.hf_config, tokenizer)  # ERNIE-4.5-VL: its token ids resolved
+        hf_config = complete_hf_config({**source.hf_config, **(args.hf_overrides or {})}, tokenizer)
+        hf_config = classifier_token_ids(hf_config, tokenizer)  # the Qwen3-Reranker form's yes/no ids
         weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config)
         config = args.create_engine_config(path, hf_config, source.generation_config)
         weights_bytes = config.model_config.weight_bytes(weight_format.bytes_per_weight,
@@ -107,12 +110,25 @@ class LLMEngine:
         self.structured_output.validate(prepared.sampling_params, index)
         return prepared
 
+    def make_pooling_request(self, prompt: Optional[str], prompt_token_ids: Optional[list[int]], params: PoolingParams,
+                             index: Optional[int] = None, text_pair: Optional[str] = None) -> PreparedPrompt:
+        """Validate one prompt of a pooling model (not yet queued); `params` already for its task
+        (PoolingParams.for_task). ValueError naming prompt `index` (input_processor.process_pooling)."""
+        return self.input_processor.process_pooling(prompt, prompt_token_ids, params, index, text_pair)
+
     def enqueue(self, prepared: PreparedPrompt, stream: bool = False) -> str:
         """Queue a prompt made by make_request as its `n` requests; returns the prompt's request_id.
         `stream`: `step()` returns a delta RequestOutput for it every step it advances
         (output/stream_delta.py), the last with finished=True, instead of one at the end."""
         group_id = str(self._next_id)
         self._next_id += 1
+        if prepared.pooling_params is not None:  # one request, pooled in the step that computes its prompt
+            self.output_processor.add_pooling_prompt(group_id, prepared)
+            self.scheduler.add_request(Request(
+                request_id=group_id, prompt_token_ids=prepared.prompt_token_ids, sampling_params=None,
+                positions=prepared.positions, token_type_ids=prepared.token_type_ids,
+                pooling_params=prepared.pooling_params))
+            return group_id
         params = prepared.sampling_params
         request_ids = [group_id] if params.n == 1 else [f"{group_id}-{i}" for i in range(params.n)]
         self.output_processor.add_prompt(group_id, request_ids, prepared, self.eos_token_ids, stream)

@@ -228,7 +228,7 @@ class Request(TokenSequence):
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: Optional[SamplingParams]  # None for a pooling request
     positions: Any  # [num_prompt_tokens] (or [3, num_prompt_tokens]) int64 numpy, from the input processor
     eos_token_ids: frozenset = frozenset()
     index: int = 0  # which of the prompt's n completions
@@ -246,12 +246,14 @@ class Request(TokenSequence):
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
+    pooling_params: Any = None  # a pooling request's resolved PoolingParams (engine/pooling_params.py)
 
     @property
     def wants_prompt_logprobs(self) -> bool:
         """Scores the prompt's tokens: the first of a prompt's n completions (they share the prompt),
         when its sampling params ask for prompt logprobs."""
-        return self.sampling_params.prompt_logprobs is not None and self.index == 0
+        return (self.sampling_params is not None and self.sampling_params.prompt_logprobs is not None
+                and self.index == 0)
 
     @property
     def is_finished(self) -> bool:

@@ -18,13 +18,21 @@ from typing import Any, Optional, Sequence, Union
 
 from tqdm import tqdm
 
+import numpy as np
+
 from fastdeploy.engine.args_utils import EngineArgs
 from fastdeploy.engine.engine import LLMEngine
+from fastdeploy.engine.pooling_output import (ClassificationRequestOutput, EmbeddingRequestOutput,
+                                              PoolingRequestOutput, RewardRequestOutput, ScoringOutput,
+                                              ScoringRequestOutput)
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.warmup import warm_up
 from fastdeploy.entrypoints import chat_utils
 from fastdeploy.input.input_processor import check_text
+from fastdeploy.model_executor.layers.pooler import cosine_similarity
+from fastdeploy.model_executor.models.pooling_adapters import num_labels
 from fastdeploy.tool_parsers import tool_choice as tool_choices
 
 logger = logging.getLogger("fastdeploy")
@@ -32,6 +40,8 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 PromptType = Union[str, list[int], dict]
 PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids", "multimodal_data")
+SERVED_TASKS = {  # a pooling model's task (its head) -> the tasks its LLM methods may run
+    "embed": ("embed",), "classify": ("classify", "score", "reward"), "reward": ("reward",)}
 # one normalised prompt: (text or None, token ids or None (tokenize the text), images/videos or None)
 PromptItem = tuple[Optional[str], Optional[list[int]], Optional[Any]]
 
@@ -110,6 +120,7 @@ class LLM:
             None uses SamplingParams() defaults.
         """
         with self._serialised("generate"):
+            self._check_generative("generate")
             items = self._normalize_prompts(prompts)
             return self._run(items, sampling_params, use_tqdm, what="prompts")
 
@@ -145,8 +156,122 @@ class LLM:
         results (chat_utils). See fastdeploy/tool_parsers/tool_choice.py and docs/offline_inference.md.
         """
         with self._serialised("chat"):
+            self._check_generative("chat")
             return self._chat(messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template,
                               tools, tool_choice)
+
+    # ---- pooling models -------------------------------------------------------------------------
+    def encode(self, prompts: Union[PromptType, Sequence[PromptType]],
+               pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None, use_tqdm: bool = True,
+               pooling_task: Optional[str] = None) -> list[PoolingRequestOutput]:
+        """Run a pooling model on prompts (the forms of `generate`; text gets the tokenizer's special
+        tokens); one output per prompt, in input order. `pooling_task`: "embed", "classify" or "reward";
+        None: the model's own (`LLM(convert=)` / its architecture). The output is the task's class
+        (EmbeddingRequestOutput: `outputs.embedding`, ...), so `llm.encode(texts)[0].outputs.embedding`
+        works on an embedding model as vLLM's does. ValueError on a generative LLM, or for a task the
+        model's head does not serve."""
+        with self._serialised("encode"):
+            task = pooling_task or self._pooling_task("encode")
+            return self._pool(prompts, pooling_params, task, use_tqdm, "encode")
+
+    def embed(self, prompts, pooling_params=None, use_tqdm: bool = True,
+              truncate_prompt_tokens: Optional[int] = None) -> list[EmbeddingRequestOutput]:
+        """Embeddings of prompts (`outputs.embedding`, L2-normalised unless PoolingParams(normalize=False);
+        PoolingParams(dimensions=k) truncates Matryoshka models), in input order. `truncate_prompt_tokens`
+        sets PoolingParams' field for every prompt."""
+        with self._serialised("embed"):
+            return self._pool(prompts, pooling_params, "embed", use_tqdm, "embed", truncate_prompt_tokens)
+
+    def classify(self, prompts, pooling_params=None, use_tqdm: bool = True,
+                 truncate_prompt_tokens: Optional[int] = None) -> list[ClassificationRequestOutput]:
+        """Class probabilities of prompts (`outputs.probs`: softmax over the labels, the sigmoid for one
+        label; logits with PoolingParams(activation=False)) from a classification model, in input order."""
+        with self._serialised("classify"):
+            return self._pool(prompts, pooling_params, "classify", use_tqdm, "classify", truncate_prompt_tokens)
+
+    def reward(self, prompts, pooling_params=None, use_tqdm: bool = True,
+               truncate_prompt_tokens: Optional[int] = None) -> list[RewardRequestOutput]:
+        """Per-token rewards of prompts (`outputs.score`: the classification head on every token, no
+        activation; a whole text's reward is the last entry), in input order."""
+        with self._serialised("reward"):
+            return self._pool(prompts, pooling_params, "reward", use_tqdm, "reward", truncate_prompt_tokens)
+
+    def score(self, text_1: Union[str, Sequence[str]], text_2: Union[str, Sequence[str]],
+              pooling_params: Optional[PoolingParams] = None, use_tqdm: bool = True,
+              truncate_prompt_tokens: Optional[int] = None) -> list[ScoringRequestOutput]:
+        """Scores of text pairs (`outputs.score`): 1 -> 1, 1 -> N (text_1 paired with each of text_2) or
+        N -> N (pairwise). A cross-encoder (a one-label classification model) reads each pair as one
+        sequence (the tokenizer's pair template, segment ids 0/1) and gives its probability (the logit with
+        PoolingParams(activation=False)); an embedding model gives the cosine similarity of the two
+        texts' embeddings. ValueError for empty or unequal lists."""
+        with self._serialised("score"):
+            pairs = _score_pairs(text_1, text_2)
+            if self._pooling_task("score") == "embed":
+                return self._score_by_embeddings(pairs, pooling_params, use_tqdm, truncate_prompt_tokens)
+            labels = num_labels(self.llm_engine.config.model_config)
+            if labels != 1:
+                raise ValueError(f"LLM.score needs a cross-encoder with one label; this model has {labels} "
+                                 "(use LLM.classify)")
+            return self._pool([a for a, _ in pairs], pooling_params, "score", use_tqdm, "score",
+                              truncate_prompt_tokens, pairs=[b for _, b in pairs])
+
+    def _score_by_embeddings(self, pairs, pooling_params, use_tqdm, truncate_prompt_tokens):
+        texts = list(dict.fromkeys(text for pair in pairs for text in pair))  # each distinct text once
+        truncate = pooling_params.truncate_prompt_tokens if pooling_params is not None else None
+        params = PoolingParams(truncate_prompt_tokens=truncate)  # the cosine reads nothing else
+        embedded = self._pool(texts, params, "embed", use_tqdm, "score", truncate_prompt_tokens)
+        by_text = dict(zip(texts, embedded))
+        return [ScoringRequestOutput(
+                    request_id=f"{by_text[a].request_id}-{by_text[b].request_id}", prompt=a,
+                    prompt_token_ids=by_text[a].prompt_token_ids + by_text[b].prompt_token_ids,
+                    outputs=ScoringOutput(np.array([cosine_similarity(by_text[a].outputs.data,
+                                                                      by_text[b].outputs.data)], np.float32)))
+                for a, b in pairs]
+
+    def _pool(self, prompts, pooling_params, task: str, use_tqdm: bool, method: str,
+              truncate_prompt_tokens: Optional[int] = None, pairs: Optional[list] = None) -> list:
+        """Validate every prompt as `task`, then run them (the pooling methods' common path)."""
+        served = self._pooling_task(method)
+        if task not in SERVED_TASKS[served]:
+            raise ValueError(f"LLM.{method} runs task {task!r}, which this {served!r} model does not serve "
+                             f"(it serves {list(SERVED_TASKS[served])})")
+        items = self._normalize_prompts(prompts)
+        params = self._per_request_pooling_params(pooling_params, len(items))
+        engine = self.llm_engine
+        requests = []
+        for i, ((text, ids, mm), p) in enumerate(zip(items, params)):
+            if mm is not None:
+                raise ValueError(f"prompt {i}: images/videos are not supported by pooling models")
+            if truncate_prompt_tokens is not None:
+                p = p.clone(truncate_prompt_tokens=truncate_prompt_tokens)
+            requests.append(engine.make_pooling_request(text, ids, p.for_task(task), i,
+                                                        pairs[i] if pairs is not None else None))
+        return self._execute(requests, use_tqdm)
+
+    def _per_request_pooling_params(self, pooling_params, count: int) -> list[PoolingParams]:
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            return [pooling_params or PoolingParams()] * count
+        if isinstance(pooling_params, (list, tuple)) and all(isinstance(p, PoolingParams) for p in pooling_params):
+            if len(pooling_params) != count:
+                raise ValueError(f"prompts and pooling_params must be the same length: {count} prompts, "
+                                 f"{len(pooling_params)} pooling_params")
+            return list(pooling_params)
+        raise TypeError(f"pooling_params must be a PoolingParams or a list of them, got {type(pooling_params).__name__}")
+
+    def _pooling_task(self, method: str) -> str:
+        """The pooling model's task; ValueError on a generative LLM."""
+        task = self.llm_engine.config.pooling_task
+        if task is None:
+            raise ValueError(f"LLM.{method} needs a pooling model, but this LLM generates text: build it with "
+                             "LLM(model, runner='pooling') or task='embed' / 'classify' / 'score' / 'reward'")
+        return task
+
+    def _check_generative(self, method: str) -> None:
+        task = self.llm_engine.config.pooling_task
+        if task is not None:
+            raise ValueError(f"LLM.{method} generates text, but this LLM runs a pooling model (task {task!r}): "
+                             "use LLM.encode / embed / classify / score / reward, or build it with "
+                             "runner='generate' from a generative checkpoint")
 
     def _chat(self, messages, sampling_params, use_tqdm, chat_template_kwargs, chat_template, tools, tool_choice):
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
@@ -256,9 +381,15 @@ class LLM:
         # every request is validated (params re-checked: fields may be edited after construction)
         # before any is queued
         requests = [engine.make_request(text, ids, p, i, mm) for i, ((text, ids, mm), p) in enumerate(zip(items, params))]
+        return self._execute(requests, use_tqdm, on_queued)
+
+    def _execute(self, requests: list, use_tqdm: bool, on_queued=None) -> list:
+        """Queue validated requests (PreparedPrompts) and step the engine until all are done; outputs in
+        input order. Whatever is unfinished when this returns or raises is aborted."""
+        engine = self.llm_engine
         order = {}
-        results: list[Optional[RequestOutput]] = [None] * len(items)
-        bar = _ProgressBar(len(items)) if use_tqdm else None
+        results: list = [None] * len(requests)
+        bar = _ProgressBar(len(requests)) if use_tqdm else None
         try:
             for i, request in enumerate(requests):
                 request_id = engine.enqueue(request)
@@ -324,6 +455,24 @@ def _forced_call_params(params: list[SamplingParams], tools: list[dict], tool_ch
     return [tool_choices.forced_params(p, schema) for p in params]
 
 
+def _score_pairs(text_1, text_2) -> list[tuple[str, str]]:
+    """LLM.score's (text_1, text_2) pairs: 1 -> 1, 1 -> N or N -> N; ValueError for empty or unequal lists,
+    TypeError for anything but str and lists of str."""
+    firsts = [text_1] if isinstance(text_1, str) else text_1
+    seconds = [text_2] if isinstance(text_2, str) else text_2
+    for name, texts in (("text_1", firsts), ("text_2", seconds)):
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"{name} must be a str or a list of str, got {texts!r}")
+        if not texts:
+            raise ValueError(f"{name} is empty: give at least one text")
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        raise ValueError(f"text_1 and text_2 must pair 1 -> 1, 1 -> N or N -> N; got {len(firsts)} and "
+                         f"{len(seconds)} texts")
+    return list(zip(firsts, seconds))
+
+
 def _is_token_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -338,9 +487,11 @@ class _ProgressBar:
         self.input_tokens = 0
         self.output_tokens = 0
 
-    def update(self, output: RequestOutput) -> None:
+    def update(self, output) -> None:
+        """One finished RequestOutput (or PoolingRequestOutput: no output tokens)."""
         self.input_tokens += len(output.prompt_token_ids)
-        self.output_tokens += sum(len(c.token_ids) for c in output.outputs)
+        if isinstance(output, RequestOutput):
+            self.output_tokens += sum(len(c.token_ids) for c in output.outputs)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         self.bar.set_postfix_str(
             f"est. speed input: {self.input_tokens / elapsed:.2f} toks/s, "

@@ -19,7 +19,7 @@ class InProcessExecutor(Executor):
         from fastdeploy.model_executor.models import get_model_class
 
         model_config = fd_config.model_config
-        model_cls = get_model_class(model_config.architecture)
+        model_cls = get_model_class(model_config.architecture, fd_config.pooling_task)
         model = model_cls(model_config, fd_config.cache_config.block_size, fd_config.scheduler_config.max_model_len,
                           quant_config)
         model.load_weights(weights)

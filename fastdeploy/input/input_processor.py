@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from fastdeploy.config import FDConfig
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.input.bad_words import bad_words_token_ids
 from fastdeploy.model_executor.logits_processor import load_class
@@ -34,15 +35,18 @@ class PreparedPrompt:
         token_type_ids: [num_prompt_tokens] int64 modality per token (0 text, 1 image, 2 video), or
             None for a text model.
         mm_features: the prompt's images/videos (multimodal/inputs.py), in prompt order.
+        pooling_params: a pooling model's prompt: its resolved PoolingParams (sampling_params is then
+            None, and token_type_ids an encoder's segment ids: 0 for the first text, 1 for the second).
     """
 
     prompt: Optional[str]
     prompt_token_ids: list[int]
     positions: np.ndarray
-    sampling_params: SamplingParams
+    sampling_params: Optional[SamplingParams]
     bad_words_token_ids: list
     token_type_ids: Optional[np.ndarray] = None
     mm_features: list = field(default_factory=list)
+    pooling_params: Optional[PoolingParams] = None
 
     def num_placeholder_tokens(self, modality: str) -> int:
         """Prompt tokens standing for the prompt's images (or videos): FastDeploy's num_input_image_tokens."""
@@ -101,14 +105,55 @@ class InputProcessor:
         positions = np.arange(len(prompt_token_ids), dtype=np.int64)  # text: 1-D, one per token
         return PreparedPrompt(prompt, list(prompt_token_ids), positions, resolved, banned)
 
-    def validate_prompt(self, prompt_token_ids: list[int], index: Optional[int] = None) -> None:
-        """Raise ValueError for an empty prompt, an id outside the vocabulary or a prompt too long."""
+    def process_pooling(self, prompt: Optional[str], prompt_token_ids: Optional[list[int]], params: PoolingParams,
+                        index: Optional[int] = None, text_pair: Optional[str] = None) -> PreparedPrompt:
+        """Validate one prompt of a pooling model (params already for its task: PoolingParams.for_task).
+
+        Text is tokenized WITH the tokenizer's special tokens, as sentence-transformers does ([CLS] ... [SEP]
+        for BERT, the EOS Qwen3-Embedding's tokenizer appends); `text_pair` makes the cross-encoder input
+        `[CLS] a [SEP] b [SEP]` with segment ids 0/1 (the tokenizer's pair template). Token ids are taken as
+        given. `params.truncate_prompt_tokens` = k keeps k tokens (-1: max_model_len), cut on the
+        tokenizer's truncation side with its special tokens kept; otherwise a prompt longer than
+        max_model_len is a ValueError naming it."""
+        where = "prompt" if index is None else f"prompt {index}"
+        max_len = self.config.scheduler_config.max_model_len
+        k = params.truncate_prompt_tokens
+        k = max_len if k == -1 else k
+        if k is not None and k > max_len:
+            raise ValueError(f"{where}: truncate_prompt_tokens={k} exceeds max_model_len={max_len}")
+        token_types = None
+        if prompt_token_ids is None:
+            for text in (prompt, text_pair):
+                if text is not None:
+                    check_text(text, where)
+            encoded = self.tokenizer(prompt, text_pair, add_special_tokens=True, truncation=k is not None,
+                                     max_length=k, return_token_type_ids=True)
+            prompt_token_ids = list(encoded["input_ids"])
+            token_types = encoded.get("token_type_ids")
+        elif k is not None and len(prompt_token_ids) > k:
+            side = getattr(self.tokenizer, "truncation_side", "right")
+            prompt_token_ids = prompt_token_ids[:k] if side == "right" else prompt_token_ids[-k:]
+        if len(prompt_token_ids) > max_len:
+            raise ValueError(f"{where} has {len(prompt_token_ids)} tokens, above max_model_len={max_len}: shorten it, "
+                             "raise max_model_len, or set PoolingParams(truncate_prompt_tokens=...)")
+        self.validate_prompt(prompt_token_ids, index, room_to_generate=False)
+        resolved = params.resolve(self.config.pooler_config, self.config.model_config.hidden_size)
+        segments = self.config.model_config.hf_config.get("type_vocab_size", 0) > 1  # BERT-style segment ids
+        types = np.asarray(token_types, dtype=np.int64) if segments and token_types is not None else None
+        positions = np.arange(len(prompt_token_ids), dtype=np.int64)
+        return PreparedPrompt(prompt, list(prompt_token_ids), positions, None, [], token_type_ids=types,
+                              pooling_params=resolved)
+
+    def validate_prompt(self, prompt_token_ids: list[int], index: Optional[int] = None,
+                        room_to_generate: bool = True) -> None:
+        """Raise ValueError for an empty prompt, an id outside the vocabulary or a prompt too long (one that
+        leaves no room to generate, unless `room_to_generate` is False)."""
         where = "" if index is None else f" (prompt {index})"
         max_len = self.config.scheduler_config.max_model_len
         vocab = self.config.model_config.vocab_size
         if len(prompt_token_ids) == 0:
             raise ValueError(f"prompt is empty{where}: at least one token is needed")
-        if len(prompt_token_ids) >= max_len:
+        if room_to_generate and len(prompt_token_ids) >= max_len:
             raise ValueError(
                 f"prompt has {len(prompt_token_ids)} tokens{where}, but max_model_len={max_len} leaves no "
                 "room to generate: shorten the prompt or raise max_model_len"

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Optional
 
+from fastdeploy.engine.pooling_output import OUTPUT_CLASSES, PoolingRequestOutput
 from fastdeploy.engine.request import CompletionOutput, CompletionOutputs, RequestMetrics, RequestOutput
 from fastdeploy.output.detokenizer import IncrementalDetokenizer
 from fastdeploy.output.logprobs import TokenTexts, logprobs_dict
@@ -42,6 +43,7 @@ class OutputProcessor:
         self.tool_parser = tool_parser  # a tool_parsers.ToolParser, or None
         self.groups: dict[str, GroupState] = {}
         self.states: dict[str, RequestState] = {}  # unfinished completions by request id
+        self.pooling: dict[str, tuple] = {}  # a pooling model's queued prompts: request id -> (prepared, metrics)
 
     def add_prompt(self, group_id: str, request_ids: list[str], prepared, eos_token_ids: frozenset,
                    stream: bool = False) -> None:
@@ -72,6 +74,11 @@ class OutputProcessor:
         for state in completions:
             self.states[state.request_id] = state
 
+    def add_pooling_prompt(self, request_id: str, prepared) -> None:
+        """Track a pooling model's queued prompt (a PreparedPrompt with pooling_params): its output comes in
+        the step that computes its prompt."""
+        self.pooling[request_id] = (prepared, RequestMetrics(arrival_time=time.time()))
+
     def set_tool_call_reader(self, group_id: str, reader) -> None:
         """How a queued prompt's completions get their tool calls, in place of the tool parser:
         `reader(text, reasoning_content, answer) -> (tool_calls or None, new text)` (the signature
@@ -81,12 +88,14 @@ class OutputProcessor:
             state.read_tool_calls = reader
 
     def has_unfinished(self) -> bool:
-        return bool(self.states)
+        return bool(self.states or self.pooling)
 
     def on_scheduled(self, request_id: str, now: float, num_cached_tokens: Optional[int]) -> None:
         """A completion entered a model step for the first time (or again after a preemption)."""
         state = self.states.get(request_id)
         if state is None:
+            if request_id in self.pooling:
+                self.pooling[request_id][1].inference_start_time = now
             return
         if state.metrics.inference_start_time is None:
             state.metrics.inference_start_time = now
@@ -101,7 +110,12 @@ class OutputProcessor:
         each ends with finish_reason "abort" and its error, after its token is appended."""
         for req_id, scores in runner_output.prompt_logprobs.items():
             self._store_prompt_logprobs(req_id, scores)
-        finished_ids, advanced = [], {}
+        finished_ids, outputs = list(runner_output.pooler_output), []
+        for req_id, data in runner_output.pooler_output.items():
+            entry = self.pooling.pop(req_id, None)
+            if entry is not None:  # else aborted meanwhile
+                outputs.append(_pooling_output(req_id, *entry, data))
+        advanced = {}
         for req_id, token_id in runner_output.sampled_token_ids.items():
             state = self.states.get(req_id)
             if state is None:  # no completion waits for it (aborted): the scheduler must drop it too
@@ -114,7 +128,6 @@ class OutputProcessor:
                 finished_ids.append(req_id)
                 del self.states[req_id]
             advanced[state.group_id] = self.groups[state.group_id]
-        outputs = []
         for group in advanced.values():
             if group.finished:
                 del self.groups[group.request_id]
@@ -150,7 +163,9 @@ class OutputProcessor:
     def abort(self, group_id: str) -> tuple[list[str], Optional[RequestOutput]]:
         """Stop a prompt's unfinished completions: (the ids of all its completions, for the scheduler
         to drop; the prompt's output with finish_reason "abort" on the unfinished ones), or
-        ([], None) for an unknown or finished prompt."""
+        ([], None) for an unknown or finished prompt (a pooling prompt: ([its id], None))."""
+        if self.pooling.pop(group_id, None) is not None:
+            return [group_id], None
         group = self.groups.pop(group_id, None)
         if group is None:
             return [], None
@@ -221,6 +236,18 @@ class OutputProcessor:
             cumulative_logprob=state.cumulative_logprob if wants_logprobs else None,
             logprobs=state.logprobs,
         )
+
+
+def _pooling_output(request_id: str, prepared, metrics: RequestMetrics, data) -> PoolingRequestOutput:
+    """The task's PoolingRequestOutput (engine/pooling_output.py) of a pooled prompt."""
+    request_cls, outputs_cls = OUTPUT_CLASSES[prepared.pooling_params.task]
+    now = time.time()
+    metrics.model_execute_time = now - metrics.arrival_time
+    if metrics.inference_start_time is not None:
+        metrics.time_in_queue = metrics.inference_start_time - metrics.arrival_time
+        metrics.model_forward_time = metrics.first_token_time = now - metrics.inference_start_time
+    return request_cls(request_id=request_id, prompt=prepared.prompt, prompt_token_ids=list(prepared.prompt_token_ids),
+                       outputs=outputs_cls(data), metrics=metrics)
 
 
 def _metrics(group: GroupState) -> RequestMetrics:

@@ -21,6 +21,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.sched.output import GrammarBitmask, SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
+from fastdeploy.model_executor.layers import pooler
 from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.logits_processor import build_logits_processors
@@ -52,6 +53,8 @@ class ModelRunner:
         """One KVCache per layer, `num_blocks` blocks each, of the cache config's dtype (see
         layers/kv_cache.py for the layout)."""
         mc, cc = self.config.model_config, self.config.cache_config
+        if getattr(self.model, "encoder_only", False):  # attends within the step only: no cache
+            return []
         return [allocate_kv_cache(cc.num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim, cc.dtype)
                 for _ in range(mc.num_hidden_layers)]
 
@@ -77,12 +80,15 @@ class ModelRunner:
             return result
         order = sorted(out.num_scheduled_tokens.items(), key=lambda item: item[1])  # decodes first
         scheduled = [(self.requests[req_id], n) for req_id, n in order]
-        (input_ids, positions, meta, logits_indices), samplers, prompt_rows = self._prepare(scheduled)
+        (input_ids, positions, meta, logits_indices), samplers, prompt_rows, poolers = self._prepare(scheduled)
         mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
         embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
         hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
-        logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [num_sampled + prompt rows, vocab]
-        logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
+        if poolers:
+            result.pooler_output = self._pool(np.from_dlpack(hidden), poolers)
+        if samplers or prompt_rows:
+            logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [samplers + prompt rows, vocab]
+            logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
         if prompt_rows:
             result.prompt_logprobs = self._prompt_logprobs(logits[len(samplers):], prompt_rows)
         for state, n in scheduled:
@@ -113,9 +119,10 @@ class ModelRunner:
 
     def _prepare(self, scheduled: list[tuple[CachedRequestState, int]]):
         """The model's inputs (input_ids [n], positions [n] or [3, n], ForwardMeta, logits_indices
-        [rows]), the states that sample (in row order), and prompt-logprob rows (state, position,
-        flattened row)."""
-        input_ids, positions, token_types, sample_rows, samplers, prompt_rows = [], [], [], [], [], []
+        [rows]), the states that sample (in row order), prompt-logprob rows (state, position,
+        flattened row), and the pooling requests whose prompt is whole in this step (state, first row,
+        end row)."""
+        input_ids, positions, token_types, sample_rows, samplers, prompt_rows, poolers = [], [], [], [], [], [], []
         for state, n in scheduled:
             start, end = state.num_computed_tokens, state.num_computed_tokens + n
             first_row = len(input_ids)
@@ -123,7 +130,11 @@ class ModelRunner:
             positions.append(state.positions_between(start, end))
             if state.token_type_ids is not None:
                 token_types.append((first_row, state.token_types_between(start, end)))
-            if end == state.num_tokens:
+            if state.pooling_params is not None:
+                if start != 0 or end != state.num_tokens:  # pooling runners prefill whole prompts
+                    raise RuntimeError(f"pooling request {state.req_id} was scheduled in part: tokens {start}-{end}")
+                poolers.append((state, first_row, len(input_ids)))
+            elif end == state.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 samplers.append(state)
             if state.wants_prompt_logprobs:
@@ -143,7 +154,36 @@ class ModelRunner:
         inputs = (as_paddle(np.asarray(input_ids, dtype=np.int64)),
                   as_paddle(np.concatenate(positions, axis=-1)), meta,
                   as_paddle(np.asarray(logits_indices, dtype=np.int64)))
-        return inputs, samplers, prompt_rows
+        return inputs, samplers, prompt_rows, poolers
+
+    def _pool(self, hidden: np.ndarray, poolers: list) -> dict[str, np.ndarray]:
+        """The pooling output of each (state, first row, end row) from the step's hidden [num_tokens, hidden]
+        (layers/pooler.py): embeddings, or the classification head's probabilities (or logits), or per-token
+        rewards."""
+        config = self.config.pooler_config
+        results, heads = {}, []
+        for state, start, end in poolers:
+            params = state.pooling_params
+            kind = "ALL" if params.task == "reward" else config.pooling_type
+            pooled = pooler.pool(hidden, start, end, kind)  # [hidden] or [tokens, hidden]
+            if params.task == "embed":
+                results[state.req_id] = pooler.embedding(pooled, params.dimensions, params.normalize)
+            else:
+                heads.append((state, pooled))
+        if heads:
+            rows = np.concatenate([pooled.reshape(-1, pooled.shape[-1]) for _, pooled in heads])  # [m, hidden]
+            logits = np.from_dlpack(self.model.classify(as_paddle(np.ascontiguousarray(rows))))  # [m, labels]
+            first = 0
+            for state, pooled in heads:
+                count = 1 if pooled.ndim == 1 else len(pooled)
+                out = logits[first : first + count].copy()
+                first += count
+                params = state.pooling_params
+                if params.task == "reward":
+                    results[state.req_id] = out  # [tokens, labels]
+                else:
+                    results[state.req_id] = pooler.activation(out[0]) if params.activation else out[0]
+        return results
 
     def _prompt_logprobs(self, x: np.ndarray, prompt_rows: list) -> dict[str, PromptLogprobsOutput]:
         """Raw logprobs of the prompt tokens at `prompt_rows` (state, position, row) from logits x [m, vocab]."""

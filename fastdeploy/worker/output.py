@@ -31,8 +31,11 @@ class ModelRunnerOutput:
             is in the cache after this step sample (a prompt chunk that leaves tokens samples none).
         logprobs: req_id -> the sampled position's logprobs, for requests that asked for them.
         prompt_logprobs: req_id -> prompt positions scored this step, for requests that asked.
+        pooler_output: req_id -> a pooling request's output (float32 array, layers/pooler.py), in the
+            step that computed its whole prompt.
     """
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, LogprobsArrays] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsOutput] = field(default_factory=dict)
+    pooler_output: dict[str, np.ndarray] = field(default_factory=dict)

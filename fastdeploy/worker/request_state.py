@@ -7,6 +7,7 @@ from typing import Optional
 
 import numpy as np
 
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import TokenSequence
 from fastdeploy.engine.sampling_params import SamplingParams
 from fastdeploy.engine.sched.output import NewRequestData
@@ -17,7 +18,7 @@ class CachedRequestState(TokenSequence):
     req_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: Optional[SamplingParams]  # None for a pooling request
     positions: np.ndarray  # [num_prompt_tokens] or [3, num_prompt_tokens] int64
     position_delta: int  # a token after the prompt at index i has position i + position_delta
     block_ids: list[int]
@@ -29,6 +30,7 @@ class CachedRequestState(TokenSequence):
     wants_prompt_logprobs: bool
     num_prompt_logprobs_done: int
     mm_features: list = field(default_factory=list)  # MultiModalFeature per image/video, in prompt order
+    pooling_params: Optional[PoolingParams] = None  # a pooling model's request: pooled, never sampled
     # encoder output [length, hidden] of each item being prefilled, by index in mm_features (worker/multimodal.py)
     encoder_outputs: dict = field(default_factory=dict, repr=False)
     prompt_unique: Optional[np.ndarray] = field(default=None, repr=False)  # sorted unique prompt ids, for penalties
@@ -54,6 +56,7 @@ class CachedRequestState(TokenSequence):
             wants_prompt_logprobs=new.wants_prompt_logprobs,
             num_prompt_logprobs_done=new.num_prompt_logprobs_done,
             mm_features=list(new.mm_features),
+            pooling_params=new.pooling_params,
         )
 
     def positions_between(self, start: int, end: int) -> np.ndarray:

@@ -105,7 +105,7 @@ def build_runner(fd_config, quant_config, group):
     from fastdeploy.model_executor.models import get_model_class
 
     _, source = open_model(fd_config.model_path)
-    model_cls = get_model_class(fd_config.model_config.architecture)
+    model_cls = get_model_class(fd_config.model_config.architecture, fd_config.pooling_task)
     shard = TensorParallelShard(fd_config.model_config, group.rank, group.size)  # splits checked by the engine
     local = dataclasses.replace(fd_config, model_config=shard.local_config())
     model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,

@@ -22,7 +22,7 @@ def no_model_build(monkeypatch):
 
     import fastdeploy.model_executor.models as models
 
-    monkeypatch.setattr(models, "get_model_class", lambda architecture: Refuse)
+    monkeypatch.setattr(models, "get_model_class", lambda architecture, pooling_task=None: Refuse)
 
 
 def test_pool_smaller_than_one_sequence_is_rejected_with_its_numbers(no_model_build):

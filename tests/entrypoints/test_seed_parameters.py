@@ -61,7 +61,7 @@ VLLM_LLM_LIST = dict(dtype="auto", gpu_memory_utilization=0.9, max_model_len=204
 VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")  # "dtype: ... (auto, float16, bfloat16, float32)"
 # values of the page's examples this engine cannot serve: a clear ValueError each
 VLLM_REFUSED = [(dict(pipeline_parallel_size=4), r"pipeline_parallel_size=4: pipeline parallelism is not implemented yet \(only 1\)"),
-                (dict(task="embed"), r"task must be one of \['auto', 'generate'\], got 'embed'")]
+                (dict(task="transcription"), r"task must be one of \['auto', 'generate', 'embed', 'classify', 'score', 'reward'\], got 'transcription'")]
 # its "SamplingParams Configuration" example, verbatim
 VLLM_SAMPLING_LIST = dict(n=1, temperature=0.8, top_p=0.95, top_k=50, max_tokens=100, stop=[".", "!", "?"],
                           presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logprobs=None)

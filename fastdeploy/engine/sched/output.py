@@ -18,6 +18,7 @@ from typing import Optional, Union
 
 import numpy as np
 
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.sampling_params import SamplingParams
 
 
@@ -29,7 +30,10 @@ class NewRequestData:
         req_id: the request's id.
         prompt_token_ids: [num_prompt_tokens] prompt ids.
         output_token_ids: tokens generated before a preemption (empty for a fresh request).
-        sampling_params: the resolved parameters (defaults filled in, max_tokens clamped).
+        sampling_params: the resolved parameters (defaults filled in, max_tokens clamped); None for a
+            pooling request.
+        pooling_params: a pooling request's resolved PoolingParams (its prompt is pooled in the step
+            that computes all of it; nothing is sampled), else None.
         positions: [num_prompt_tokens] int64 (or [3, num_prompt_tokens] for M-RoPE): the prompt's
             per-token positions, built by the input processor. A token after the prompt at index i
             (prompt + generated) has position i + position_delta on every axis.
@@ -51,7 +55,7 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: Optional[SamplingParams]
     positions: np.ndarray
     block_ids: list[int]
     num_computed_tokens: int
@@ -62,6 +66,7 @@ class NewRequestData:
     mm_features: list = field(default_factory=list)
     wants_prompt_logprobs: bool = False
     num_prompt_logprobs_done: int = 1
+    pooling_params: Optional[PoolingParams] = None
 
     @property
     def position_delta(self) -> int:

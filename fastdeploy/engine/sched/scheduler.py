@@ -271,6 +271,7 @@ def _new_request_data(request: Request) -> NewRequestData:
         mm_features=request.mm_features,
         wants_prompt_logprobs=request.wants_prompt_logprobs,
         num_prompt_logprobs_done=request.num_prompt_logprobs_done,
+        pooling_params=request.pooling_params,
     )
 
 

@@ -47,17 +47,26 @@ Run one step:
   kv_heads, block_size, head_dim], FastDeploy's layout; float32, or bf16 bits for models computing
   in bf16) and hands the list as `caches`; layer i writes this step's K/V into caches[i] at
   slot_mapping and attends over its blocks.
+Pooling models (`get_model_class(architecture, pooling_task)`) have class attribute `encoder_only`
+  (True: BERT-style encoders, bidirectional attention, no KV cache), `num_labels` and, with a classification
+  head, `classify(pooled [m, hidden]) -> [m, num_labels]` logits; the runner pools their hidden states
+  (layers/pooler.py) and never calls compute_logits.
 Multimodal models also have `embed_multimodal(features)`: multimodal/inputs.py MultiModalFeature list
   -> one [feature.length, hidden] float32 tensor per feature (the runner's worker/multimodal.py puts
   them at the placeholder rows of inputs_embeds).
 """
+from typing import Optional
+
 from fastdeploy.model_executor.models.ernie4_5 import Ernie4_5ForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_moe import Ernie4_5_MoeForCausalLM
 from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
 from fastdeploy.model_executor.models.llama import LlamaForCausalLM
 from fastdeploy.model_executor.models.qwen2 import Qwen2ForCausalLM
 from fastdeploy.model_executor.models.qwen3 import Qwen3ForCausalLM
+from fastdeploy.model_executor.models.pooling_adapters import as_pooling_model
 from fastdeploy.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+
+POOLING_SUFFIXES = ("ForSequenceClassification", "Model")  # decoder spellings of pooling checkpoints
 
 MODEL_REGISTRY = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -72,10 +81,26 @@ MODEL_REGISTRY = {
 }
 
 
-def get_model_class(architecture: str):
-    """The class for `architecture`; raises ValueError listing the supported ones."""
+def get_model_class(architecture: str, pooling_task: Optional[str] = None):
+    """The class for `architecture`; with a pooling task ("embed", "classify", "reward"), a pooling model:
+    an encoder's own class, or a decoder adapted by models/pooling_adapters.py (`XForSequenceClassification`
+    and `XModel` read as `XForCausalLM`'s layers). Raises ValueError listing the supported ones."""
+    if pooling_task is not None and not getattr(MODEL_REGISTRY.get(architecture), "encoder_only", False):
+        decoder = _decoder_of(architecture)
+        if decoder is not None:
+            return as_pooling_model(decoder, pooling_task)
     if architecture not in MODEL_REGISTRY:
         raise ValueError(
-            f"architecture {architecture!r} is not supported; supported: {sorted(MODEL_REGISTRY)}"
+            f"architecture {architecture!r} is not supported; supported: {sorted(MODEL_REGISTRY)}, and for pooling "
+            f"{sorted(n.replace('ForCausalLM', s) for n in MODEL_REGISTRY if n.endswith('ForCausalLM') for s in POOLING_SUFFIXES)}"
         )
     return MODEL_REGISTRY[architecture]
+
+
+def _decoder_of(architecture: str):
+    """The CausalLM class whose layers `architecture` has (itself, or its ForSequenceClassification / base
+    Model spelling), or None."""
+    for suffix in ("ForCausalLM",) + POOLING_SUFFIXES:
+        if architecture.endswith(suffix):
+            return MODEL_REGISTRY.get(architecture[: -len(suffix)] + "ForCausalLM")
+    return None

@@ -62,6 +62,7 @@ class DecoderModel(paddle.nn.Layer):
 class CausalLM(paddle.nn.Layer):
     # checkpoint tensors every model ignores on purpose
     IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)
+    has_lm_head = True  # False for pooling models (models/pooling_adapters.py): they read hidden states
 
     @classmethod
     def adapt_config(cls, config: ModelConfig) -> ModelConfig:
@@ -74,10 +75,15 @@ class CausalLM(paddle.nn.Layer):
         self.config = config = self.adapt_config(config)
         self.model = DecoderModel(config, block_size, max_model_len, quant_config, self.make_mlp,
                                   self.make_rope(config, max_model_len))
+        self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
+        self.embedding_reads_lm_head = False
+        if self.has_lm_head:
+            self._build_lm_head(config, quant_config)
+
+    def _build_lm_head(self, config: ModelConfig, quant_config: Optional[QuantConfig]) -> None:
         # lm_head W [hidden, vocab]: a transposed copy of the embedding when tied (25% faster GEMM on
         # CPU than the embedding's [vocab, hidden]), or the embedding's GGUF blocks
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
         method = self.lm_head.method
@@ -131,7 +137,7 @@ class CausalLM(paddle.nn.Layer):
             if name.endswith(self.IGNORED_WEIGHTS):
                 continue
             param_name, shard = parameter_of(name)
-            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings
+            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and self.has_lm_head
             if not (tied and self.embedding_reads_lm_head):  # else only lm_head holds it
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
