@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import engines_optional  # this script's folder is on sys.path; neither imports paddle nor torch
-from benchmark_throughput import ENV_AT_START, busy_others, child_result, importable
+from benchmark_throughput import ENV_AT_START, busy_others, child_result, importable, ours_weight_format
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without install
@@ -61,6 +61,7 @@ class Ours:
 
         self.llm = LLM(model=model, task="embed", dtype=dtype, max_model_len=args.max_model_len,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+        self.weight_format = ours_weight_format(self.llm.llm_engine.executor.runner.model, model)
 
     def embed(self, texts):
         outs = self.llm.embed(texts, use_tqdm=False)
@@ -107,15 +108,16 @@ def child(args):
     embeddings, token_counts = engine.embed(texts)
     seconds = time.perf_counter() - start
     result = dict(seconds=seconds, startup=startup, others_cpu_s=busy_others() - others,
+                  weight_format=getattr(engine, "weight_format", weight_format(args.child)),
                   token_counts=token_counts, check=[list(map(float, e)) for e in embeddings[:CHECK_TEXTS]])
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def last_error(stderr):
-    """The first exception a child's stderr names ("RuntimeError: ..."; vLLM logs its worker's root cause
+def first_error(output):
+    """The first exception a child's output names ("RuntimeError: ..."; vLLM logs its worker's root cause
     before the errors it raises from it), else its last line."""
-    found = [m.group(0) for m in map(EXCEPTION.search, stderr.splitlines()) if m]
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    found = [m.group(0) for m in map(EXCEPTION.search, output.splitlines()) if m]
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
     return (found or lines[-1:] or ["(no output)"])[0]
 
 
@@ -127,12 +129,12 @@ def run_child(name, model, texts_file, args):
     cmd = [python, __file__, "--child", name, "--model", str(model), "--texts-file", texts_file]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("warmup", "st_batch_size", "max_model_len",
                                                                    "max_num_batched_tokens", "max_num_seqs")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     result = child_result(proc)
-    if result is None:
-        error = last_error(proc.stderr)
+    if result is None:  # the output, stderr included (vLLM logs its workers' errors to stdout)
+        error = first_error(proc.stdout)
         print(f"  {name}: failed (exit {proc.returncode}): {error}", flush=True)
-        return {"error": error, "stderr_tail": proc.stderr[-3000:]}
+        return {"error": error, "output_tail": proc.stdout[-3000:]}
     print(f"  {name}: {result['seconds']:.2f} s, start-up {result['startup']:.1f} s; other processes used "
           f"{result['others_cpu_s']:.1f} CPU-s meanwhile", flush=True)
     return result
@@ -140,7 +142,7 @@ def run_child(name, model, texts_file, args):
 
 def agreement(check, reference):
     """(least cosine of each text's embedding with its reference, texts nearer their own reference than
-    any other text's); both lists of vectors, the reference normalised."""
+    any other text's); both lists of vectors."""
     import numpy as np
 
     e, r = np.asarray(check, dtype=np.float64), np.asarray(reference, dtype=np.float64)
@@ -149,11 +151,12 @@ def agreement(check, reference):
 
 
 def weight_format(name):
+    """The weights as engine `name` is asked to hold them; ours reports what it holds (its Linears' format)."""
     return "bf16" if ENGINES[name][1] == "bfloat16" else "float32"
 
 
-def label(name):
-    return f"{LABELS[ENGINES[name][0]]} {weight_format(name)}"
+def label(name, result):
+    return f"{LABELS[ENGINES[name][0]]} {result['weight_format']}"
 
 
 def report(shape, names, results, lengths, reference):
@@ -181,17 +184,19 @@ def report(shape, names, results, lengths, reference):
         if counts is not None and counts != lengths:
             notes.append(f"token counts differ from the tokenizer's on {sum(a != b for a, b in zip(counts, lengths))} texts")
         cos, nearest = agreement(res["check"], reference) if reference is not None else (None, None)
-        valid[n] = cos is not None and cos >= MIN_COSINE and nearest == len(reference) and not notes
-        notes.insert(0, "unchecked" if cos is None else "ok" if valid[n] else "WRONG")
+        valid[n] = None if cos is None else cos >= MIN_COSINE and nearest == len(reference) and not notes
+        notes.insert(0, {None: "unchecked", True: "ok", False: "WRONG"}[valid[n]])
         res["texts_s"], res["tokens_s"] = len(lengths) / res["seconds"], total / res["seconds"]
-        print(f"{LABELS[ENGINES[n][0]]:<24}{weight_format(n):>9}{res['texts_s']:>10.1f}{res['tokens_s']:>11.0f}"
+        print(f"{LABELS[ENGINES[n][0]]:<24}{res['weight_format']:>9}{res['texts_s']:>10.1f}{res['tokens_s']:>11.0f}"
               f"{res['startup']:>12.1f}{'-' if cos is None else f'{cos:.6f}':>10}"
               f"{'-' if nearest is None else f'{nearest}/{len(reference)}':>9}  {'; '.join(notes)}")
     for ours in [n for n in names if ENGINES[n][0] == "ours" and n in valid]:
         for other in [n for n in names if ENGINES[n][0] != "ours" and n in valid]:
-            gate = "INVALID (ours is WRONG) " if not valid[ours] else "" if valid[other] else "(the other is WRONG) "
-            kind = "like with like" if ENGINES[ours][1] == ENGINES[other][1] else "cross-format"
-            print(f"{gate}ratio {label(ours)} / {label(other)} ({kind}): "
+            gate = ("unchecked " if valid[ours] is None or valid[other] is None else "INVALID (ours is WRONG) "
+                    if not valid[ours] else "" if valid[other] else "(the other is WRONG) ")
+            like = results[ours]["weight_format"] == results[other]["weight_format"]
+            kind = "like with like" if like else "cross-format"
+            print(f"{gate}ratio {label(ours, results[ours])} / {label(other, results[other])} ({kind}): "
                   f"{results[ours]['tokens_s'] / results[other]['tokens_s']:.2f}x")
     if reference is None:
         print("check: unchecked (sentence-transformers float32 could not run the reference)")
@@ -201,7 +206,7 @@ def report(shape, names, results, lengths, reference):
               f"(the reference's largest cosine between two different texts: {ref_cross:.4f})")
     for n in names:
         if "error" in results[n]:
-            print(f"\n{n} failed; the end of its stderr:\n{results[n]['stderr_tail']}")
+            print(f"\n{n} failed; the end of its output:\n{results[n]['output_tail']}")
 
 
 def expand(engines):
