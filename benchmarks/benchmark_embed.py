@@ -121,7 +121,7 @@ def first_error(output):
     return (found or lines[-1:] or ["(no output)"])[0]
 
 
-def run_child(name, model, texts_file, args):
+def run_child(name, model, texts_file, args, tag=""):
     """`name`'s measurement in a fresh process (vLLM's under --vllm-python); {"error": ...} when it failed."""
     python, env = sys.executable, ENV_AT_START
     if ENGINES[name][0] == "vllm":
@@ -135,7 +135,7 @@ def run_child(name, model, texts_file, args):
         error = first_error(proc.stdout)
         print(f"  {name}: failed (exit {proc.returncode}): {error}", flush=True)
         return {"error": error, "output_tail": proc.stdout[-3000:]}
-    print(f"  {name}: {result['seconds']:.2f} s, start-up {result['startup']:.1f} s; other processes used "
+    print(f"  {name}{tag}: {result['seconds']:.2f} s, start-up {result['startup']:.1f} s; other processes used "
           f"{result['others_cpu_s']:.1f} CPU-s meanwhile", flush=True)
     return result
 
@@ -252,7 +252,7 @@ def measure_shape(shape, names, args):
         reference = results.get("st-fp32", {}).get("check")
         if reference is None:  # a short run of sentence-transformers float32 on the checked texts
             check_file.write_text(json.dumps(texts[:CHECK_TEXTS]))
-            reference = run_child("st-fp32", model, str(check_file), args).get("check")
+            reference = run_child("st-fp32", model, str(check_file), args, " (reference)").get("check")
     report(shape, names, results, lengths, reference)
 
 
