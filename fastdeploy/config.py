@@ -94,6 +94,13 @@ class ModelConfig:
         return self.architecture in ENCODER_ARCHITECTURES
 
     @property
+    def num_labels(self) -> int:
+        """A classification head's outputs: len(id2label) (what transformers writes), else `num_labels`, else 2
+        (transformers' default)."""
+        id2label = self.hf_config.get("id2label")
+        return len(id2label) if id2label else int(self.hf_config.get("num_labels", 2))
+
+    @property
     def position_offset(self) -> int:
         """Added to 0-based positions to index the position table: RoBERTa's pad_token_id + 1 (its positions
         start after padding_idx), 0 for every other model."""

@@ -380,50 +380,67 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
   StoreRow(sums, out, cols, y, false);
 }
 
-// Panels of W taken in runs from `next` (ClaimRun). Up to kMaxTileRows rows: one tile per panel over all
-// of K, W streamed once (its prefetches reach into the run's next panel). More:
-// pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every row block
-// uses it), the partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread
-// [M, 64] buffer, finished into y at the end); int8/int4 panels are converted to a bf16 panel first (in
-// L2), once for all row blocks.
+// Up to kMaxTileRows rows (decode): panels of W taken in runs from `next` (ClaimRun), one tile per panel
+// over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
+// items (block of rows of x, panel) taken one at a time from `next`, block-major, so a block of x (about
+// kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
+// of all of x streaming once per panel (at 2048 and more rows on an AMD EPYC (Zen 4) without AMX that ran
+// at ~70% of 512 rows' speed: benchmarks/README.md, "Embeddings"). Within an item, pairs in chunks of
+// kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every tile of the block uses it), the
+// partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread [block, 64] buffer,
+// finished into y after the last chunk); int8/int4 panels are converted to a bf16 panel first (in L2).
 constexpr int64_t kChunkPairs = 64;
+constexpr int64_t kXBlockBytes = 512 << 10;
+
+// Rows of x per block: kXBlockBytes of bf16 x, in whole tiles, 48 to 510 rows.
+inline int64_t RowBlock(int64_t K2) {
+  const int64_t rows = kXBlockBytes / (4 * K2) / kMaxTileRows * kMaxTileRows;
+  return std::clamp<int64_t>(rows, 8 * kMaxTileRows, 85 * kMaxTileRows);
+}
 
 template <int64_t KIND>
 void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
             const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
-  const bool chunked = M > kMaxTileRows, swiglu = activation == kSwiGlu;
-  std::vector<uint16_t> bf16_panel(KIND != kBf16 && chunked ? K2 * 128 : 0);
-  std::vector<float> sums(chunked && swiglu ? M * kPanel : 0);  // [M, 64]
+  const bool swiglu = activation == kSwiGlu;
   const int64_t width = OutWidth(activation);
-  for (Run run = ClaimRun(next, l.panels, false); run.first < run.last; run = ClaimRun(next, l.panels, false))
-  for (int64_t p = run.first; p < run.last; ++p) {
+  if (M <= kMaxTileRows) {
+    for (Run run = ClaimRun(next, l.panels, false); run.first < run.last; run = ClaimRun(next, l.panels, false))
+    for (int64_t p = run.first; p < run.last; ++p) {
+      const uint8_t* panel = w + p * l.panel_bytes;
+      const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
+      const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
+      const int64_t cols = std::min(width, N - p * width);
+      if (KIND == kWint8 && M == 1) {
+        Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, y + p * width);
+      } else {
+        RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, out, cols, true, true, y + p * width, N);
+      }
+    }
+    return;
+  }
+  const int64_t block = RowBlock(K2), items = (M + block - 1) / block * l.panels;
+  std::vector<uint16_t> bf16_panel(KIND != kBf16 ? K2 * 128 : 0);
+  std::vector<float> sums(swiglu ? block * kPanel : 0);  // [block, 64]
+  for (int64_t item = next++; item < items; item = next++) {
+    const int64_t p = item % l.panels, r0 = item / l.panels * block, rows = std::min(block, M - r0);
     const uint8_t* panel = w + p * l.panel_bytes;
-    const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
     const int64_t cols = std::min(width, N - p * width);
-    float* yp = y + p * width;
-    if (KIND == kWint8 && M == 1) {
-      Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, yp);
-      continue;
-    }
-    if (M <= kMaxTileRows) {
-      RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, out, cols, true, true, yp, N);
-      continue;
-    }
     if constexpr (KIND != kBf16) {
-      ToBf16Panel<KIND>(panel, panel_scales, K2, bf16_panel.data());
+      ToBf16Panel<KIND>(panel, all_scales + p * l.scale_floats_per_panel, K2, bf16_panel.data());
       panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
     }
-    // the partial sums' home: y, or with SwiGLU the [M, 64] buffer, finished into y after the last chunk
+    float* yp = y + r0 * N + p * width;
+    // the partial sums' home: y, or with SwiGLU the [block, 64] buffer, finished into y after the last chunk
     float* partial = swiglu ? sums.data() : yp;
     const int64_t ld = swiglu ? kPanel : N, partial_cols = swiglu ? kPanel : cols;
     for (int64_t k0 = 0; k0 < K2; k0 += kChunkPairs) {
       const int64_t k1 = std::min(K2, k0 + kChunkPairs);
-      RowBlocks<kBf16, false>(xb, M, K2, k0, k1, panel, nullptr, out, partial_cols, k0 == 0, !swiglu && k1 == K2,
-                              partial, ld);
+      RowBlocks<kBf16, false>(xb + r0 * K2, rows, K2, k0, k1, panel, nullptr, out, partial_cols, k0 == 0,
+                              !swiglu && k1 == K2, partial, ld);
     }
-    if (swiglu) StoreRows(sums.data(), M, out, cols, yp, N, false);
+    if (swiglu) StoreRows(sums.data(), rows, out, cols, yp, N, false);
   }
 }
 

@@ -162,7 +162,8 @@ def silu_times64(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 # one row (Wint8Row for wint8), register tiles, AMX 16-row blocks (7, 33), AMX many rows (100; without AMX
 # K in chunks, the sums kept in a per-thread buffer); intermediate sizes 96 (whole 32-column halves: 3
 # panels), 40 (the last panel's halves 8 columns, zero rows after them) and 20 (one partial panel)
-@pytest.mark.parametrize("m,inter", [(1, 96), (1, 40), (3, 40), (7, 96), (33, 40), (100, 96), (100, 20)])
+# 1100 rows: without AMX three blocks of rows (the last partial), each with its own [block, 64] sums
+@pytest.mark.parametrize("m,inter", [(1, 96), (1, 40), (3, 40), (7, 96), (33, 40), (100, 96), (100, 20), (1100, 40)])
 def test_swiglu_activation_on_interleaved_gate_up(name, portable, m, inter):
     """activation 2: W [2 inter, K] as [gate | up] rows packed in swiglu_rows' order, bias [gate | up]; y [m,
     inter] = silu(x Wg^T + bg) * (x Wu^T + bu) within float32 rounding of float64; on the fast path bit for

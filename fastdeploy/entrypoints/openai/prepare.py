@@ -48,10 +48,8 @@ def _served_kinds(task: Optional[str]) -> list[str]:
 
 
 def refusal(llm, request) -> Optional[str]:
-    """Why `llm` cannot take the request (its kind, its output keys), or None when it can."""
-    reason = task_refusal(llm, request.kind)
-    if reason is not None:
-        return reason
+    """Why `llm` cannot take the request's output keys, or None when it can (callers check the request's
+    kind first: `task_refusal`)."""
     config = llm.llm_engine.config
     wanted = request.guided_decoding_backend
     if wanted is not None and wanted != config.guided_decoding_backend:
@@ -94,10 +92,7 @@ def prepare(llm, request) -> list:
 def prepare_pooling(llm, request) -> tuple[list, Optional[ScorePlan]]:
     """A PoolingRequest's prompts, validated by the LLM's own path (`LLM.embed`'s, `LLM.score`'s),
     and for a score request the ScorePlan that reads the pairs' scores from their outputs (else None).
-    ValueError/TypeError for what the LLM refuses (the model's task too: `task_refusal`)."""
-    reason = task_refusal(llm, request.kind)
-    if reason is not None:
-        raise ValueError(reason)
+    ValueError/TypeError for what the LLM refuses (callers check the model's task first: `task_refusal`)."""
     if request.kind == "embedding":
         return llm._pooling_requests(request.prompts, request.pooling_params, "embed", "embed"), None
     plan = llm._score_plan(request.pairs, request.pooling_params, None)

@@ -47,12 +47,6 @@ BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")  # torch buff
 LAYER_NORM_ALIASES = {"gamma": "weight", "beta": "bias"}  # the original TF-converted checkpoints' names
 
 
-def num_labels_of(hf_config: dict) -> int:
-    """Classifier outputs: len(id2label) (what transformers writes), else `num_labels`, else 2 (its default)."""
-    id2label = hf_config.get("id2label")
-    return len(id2label) if id2label else int(hf_config.get("num_labels", 2))
-
-
 def dense(in_features: int, out_features: int) -> Linear:
     """A float32 Linear with bias (the classification heads': one row per sequence, so never packed)."""
     return Linear(in_features, {None: out_features}, True, UnquantizedLinearMethod())
@@ -268,7 +262,7 @@ class BertForSequenceClassification(BertModel):
     def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
                  quant_config: Optional[QuantConfig] = None):
         super().__init__(config, block_size, max_model_len, quant_config)
-        self.num_labels = num_labels_of(config.hf_config)
+        self.num_labels = config.num_labels
         self.pooler = BertPooler(config.hidden_size)
         self.classifier = dense(config.hidden_size, self.num_labels)
 

@@ -30,11 +30,11 @@ HEAD_PREFIXES = ("model.", "score.", "lm_head.")
 
 def num_labels(config: ModelConfig) -> int:
     """Labels of a classification head: the classifier tokens (one for the Qwen3-Reranker form), else
-    config.json's num_labels or id2label (transformers' default 2)."""
+    config.json's (ModelConfig.num_labels)."""
     hf = config.hf_config
     if hf.get("classifier_token_ids"):
         return 1 if hf.get("is_original_qwen3_reranker") else len(hf["classifier_token_ids"])
-    return int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
+    return config.num_labels
 
 
 def as_pooling_model(causal_lm_cls, task: str):

@@ -15,7 +15,7 @@ import paddle
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.layers.linear import QuantConfig
-from fastdeploy.model_executor.models.bert import BertModel, dense, num_labels_of
+from fastdeploy.model_executor.models.bert import BertModel, dense
 
 
 class XLMRobertaModel(BertModel):
@@ -42,7 +42,7 @@ class XLMRobertaForSequenceClassification(XLMRobertaModel):
     def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
                  quant_config: Optional[QuantConfig] = None):
         super().__init__(config, block_size, max_model_len, quant_config)
-        self.num_labels = num_labels_of(config.hf_config)
+        self.num_labels = config.num_labels
         self.classifier = XLMRobertaClassificationHead(config.hidden_size, self.num_labels)
 
     def classify(self, pooled: paddle.Tensor) -> paddle.Tensor:
