@@ -384,9 +384,9 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
 // over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
 // items (block of rows of x, panel) taken one at a time from `next`, block-major, so a block of x (about
 // kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
-// of all of x streaming once per panel (at 2048 and more rows on an AMD EPYC (Zen 4) without AMX that ran
-// at ~70% of 512 rows' speed: benchmarks/README.md, "benchmark_embed.py: embeddings"). Within an item, pairs in chunks of
-// kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every tile of the block uses it), the
+// of all of x streaming once per panel (4096 x 768 x 3072 on 2 AMD EPYC Zen 4 cores without AMX: 131 GFLOP/s
+// before, 147 after, 512 rows ~190: benchmarks/README.md, "benchmark_embed.py: embeddings"). Within an
+// item, pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every tile of the block uses it), the
 // partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread [block, 64] buffer,
 // finished into y after the last chunk); int8/int4 panels are converted to a bf16 panel first (in L2).
 constexpr int64_t kChunkPairs = 64;
