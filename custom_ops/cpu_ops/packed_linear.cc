@@ -386,8 +386,8 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
 // kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
 // of all of x streaming once per panel (4096 x 768 x 3072 on 2 AMD EPYC Zen 4 cores without AMX: 131 GFLOP/s
 // before, 147 after, 512 rows ~190: benchmarks/README.md, "benchmark_embed.py: embeddings"). Within an
-// item, pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every tile of the block uses it), the
-// partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread [block, 64] buffer,
+// item, pairs in chunks of kChunkPairs (the chunk of a bf16 panel, 16 KB, stays in L1 while every tile of
+// the block uses it), the partial sums kept in y (with SwiGLU, whose y holds half the columns, in a per-thread [block, 64] buffer,
 // finished into y after the last chunk); int8/int4 panels are converted to a bf16 panel first (in L2).
 constexpr int64_t kChunkPairs = 64;
 constexpr int64_t kXBlockBytes = 512 << 10;
