@@ -179,6 +179,8 @@ class PoolerConfig:
         matryoshka_dimensions: the sizes the model was trained to be truncated to (config.json's
             `matryoshka_dimensions`), None when any size up to hidden is allowed (`is_matryoshka`), or
             () when the model does not support truncation.
+        max_seq_length: the length a sentence-transformers model was trained to (its pipeline's
+            max_seq_length; the default max_model_len's cap), None without one.
     """
 
     task: str
@@ -187,6 +189,7 @@ class PoolerConfig:
     activation: bool = True
     dimensions: Optional[int] = None
     matryoshka_dimensions: Optional[tuple] = ()
+    max_seq_length: Optional[int] = None
 
 
 @dataclass
@@ -233,8 +236,12 @@ class FDConfig:
     guided_decoding_backend: str = "auto"  # structured outputs: "auto", "guidance", "xgrammar" or "off"
     guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request
     logits_processors: list = field(default_factory=list)  # class specs (str), run in order (logits_processor/)
-    runner: str = "generate"  # "generate" or "pooling" (engine/pooling_setup.py)
-    pooler_config: Optional[PoolerConfig] = None  # a pooling runner's pooler
+    pooler_config: Optional[PoolerConfig] = None  # a pooling model's pooler (engine/pooling_setup.py)
+
+    @property
+    def runner(self) -> str:
+        """"pooling" for a pooling model (one with a pooler), else "generate"."""
+        return "generate" if self.pooler_config is None else "pooling"
 
     @property
     def pooling_task(self) -> Optional[str]:

@@ -302,11 +302,14 @@ class EngineArgs:
         self._check_logits_processors()
         if self.pooler_config is not None and self.override_pooler_config is not None:
             raise ValueError("pooler_config and override_pooler_config are the same setting: give one")
-        pooling_setup.check_pooling_args(self.runner, self.convert, self.task,
-                                         self.pooler_config if self.pooler_config is not None
-                                         else self.override_pooler_config)
+        pooling_setup.check_pooling_args(self.runner, self.convert, self.task, self.user_pooler_config)
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise TypeError(f"hf_overrides must be a dict of config.json keys, got {type(self.hf_overrides).__name__}")
+
+    @property
+    def user_pooler_config(self) -> Optional[dict]:
+        """pooler_config, or FastDeploy's name of it (override_pooler_config)."""
+        return self.pooler_config if self.pooler_config is not None else self.override_pooler_config
 
     def _check_logits_processors(self) -> None:
         """Each spec loads to a processor class (model_executor/logits_processor load_class's errors)."""
@@ -374,9 +377,8 @@ class EngineArgs:
         format (cache_manager/kv_cache_sizing.py)."""
         model_config = ModelConfig.from_hf_config(hf_config)
         check_tensor_parallel(model_config, self.tensor_parallel_size)
-        runner, pooler = pooling_setup.resolve_runner(
-            self.runner, self.convert, self.task, hf_config, model_path,
-            self.pooler_config if self.pooler_config is not None else self.override_pooler_config)
+        pooler = pooling_setup.resolve_pooler(self.runner, self.convert, self.task, hf_config, model_path,
+                                              self.user_pooler_config)
         if pooler is not None and self.tensor_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: pooling models run in one process "
                              "(tensor parallelism serves generative models); leave it 1")
@@ -387,7 +389,7 @@ class EngineArgs:
                 f"{model_config.max_position_embeddings}" + (f" (its usable positions: {limit})"
                                                              if limit != model_config.max_position_embeddings else "")
             )
-        trained = pooling_setup.trained_length(model_path) if pooler is not None else None
+        trained = pooler.max_seq_length if pooler is not None else None
         max_model_len = self.max_model_len or min(2048, limit, trained or limit)
         return FDConfig(
             model_config=model_config,
@@ -409,7 +411,6 @@ class EngineArgs:
             guided_decoding_backend=self.guided_decoding_backend,
             guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
             logits_processors=list(self.logits_processors or ()),
-            runner=runner,
             pooler_config=pooler,
         )
 

@@ -53,10 +53,11 @@ def check_pooling_args(runner: str, convert: str, task: str, pooler_config: Opti
         raise ValueError(f"pooler_config dimensions must be an int >= 1, got {dims!r}")
 
 
-def resolve_runner(runner: str, convert: str, task: str, hf_config: dict, model_dir: Optional[str],
-                   pooler_config: Optional[dict]) -> tuple[str, Optional[PoolerConfig]]:
-    """("generate", None) or ("pooling", PoolerConfig) for the model of config.json `hf_config` in `model_dir`
-    (module docstring's rules). ValueError for a pooling-only architecture under runner="generate"."""
+def resolve_pooler(runner: str, convert: str, task: str, hf_config: dict, model_dir: Optional[str],
+                   pooler_config: Optional[dict]) -> Optional[PoolerConfig]:
+    """The PoolerConfig of the model of config.json `hf_config` in `model_dir` when it runs as a pooling model,
+    None when it generates (module docstring's rules). ValueError for a pooling-only architecture under
+    runner="generate"."""
     architecture = (hf_config.get("architectures") or [""])[0]
     st = read_sentence_transformers(model_dir) if model_dir else None
     encoder = architecture in ENCODER_ARCHITECTURES
@@ -68,11 +69,8 @@ def resolve_runner(runner: str, convert: str, task: str, hf_config: dict, model_
         if pooling_spelling:
             raise ValueError(f"{architecture} is a pooling model (embeddings, classification), not a generative "
                              "one: use LLM(model, runner='pooling') and LLM.embed / classify / score")
-        return "generate", None
-    pooling_task = _pooling_task(convert, task, architecture)
-    pooler = _pooler(pooling_task, encoder, st, pooler_config or {})
-    pooler.matryoshka_dimensions = matryoshka_dimensions(hf_config)
-    return "pooling", pooler
+        return None
+    return _pooler(_pooling_task(convert, task, architecture), encoder, st, pooler_config or {}, hf_config)
 
 
 def _pooling_task(convert: str, task: str, architecture: str) -> str:
@@ -88,7 +86,7 @@ def _pooling_task(convert: str, task: str, architecture: str) -> str:
     return "classify" if classifier else "embed"
 
 
-def _pooler(task: str, encoder: bool, st: Optional[dict], user: dict) -> PoolerConfig:
+def _pooler(task: str, encoder: bool, st: Optional[dict], user: dict, hf_config: dict) -> PoolerConfig:
     st = st or {}
     default_type = st.get("pooling_type") or ("CLS" if encoder else "LAST")
     pooling_type = str(user.get("pooling_type") or default_type).upper()
@@ -104,13 +102,9 @@ def _pooler(task: str, encoder: bool, st: Optional[dict], user: dict) -> PoolerC
         normalize=user.get("normalize", st.get("normalize", True)),
         activation=True if activation is None else activation,
         dimensions=user.get("dimensions"),
+        matryoshka_dimensions=matryoshka_dimensions(hf_config),
+        max_seq_length=st.get("max_seq_length"),
     )
-
-
-def trained_length(model_dir: str) -> Optional[int]:
-    """A sentence-transformers model's max_seq_length (the default max_model_len's cap), or None."""
-    st = read_sentence_transformers(model_dir)
-    return st["max_seq_length"] if st else None
 
 
 def matryoshka_dimensions(hf_config: dict) -> Optional[tuple]:

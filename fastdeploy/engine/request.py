@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.sampling_params import SamplingParams
 
 
@@ -246,7 +247,7 @@ class Request(TokenSequence):
     block_hashes: list = field(default_factory=list)  # prefix-cache keys of the leading full blocks
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
-    pooling_params: Any = None  # a pooling request's resolved PoolingParams (engine/pooling_params.py)
+    pooling_params: Optional[PoolingParams] = None  # a pooling request's resolved PoolingParams
 
     @property
     def wants_prompt_logprobs(self) -> bool:
