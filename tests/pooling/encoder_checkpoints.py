@@ -5,6 +5,8 @@ sentence-transformers models."""
 import json
 from pathlib import Path
 
+from tiny_models import randomize_biases_and_norms
+
 WORDS = ("the quick brown fox jumps over lazy dog hello world machine learning is fascinating how are you "
          "what capital of china paris france query passage search retrieve relevant a an and or not").split()
 MAX_POSITIONS = 512
@@ -66,11 +68,7 @@ def make_encoder(path: Path, family: str, num_labels: int = 0, seed: int = 0, dt
     else:
         model = getattr(transformers, f"{name}Model")(config, add_pooling_layer=False)
     model = model.eval()
-    with torch.no_grad():  # LayerNorms away from 1/0, so the tests see them
-        gen = torch.Generator().manual_seed(seed)
-        for pname, param in model.named_parameters():
-            if "LayerNorm" in pname:
-                param.add_(0.2 * torch.randn(param.shape, generator=gen))
+    randomize_biases_and_norms(model, seed)  # biases and LayerNorms away from 0 / 1, so the tests see them
     (model.to(torch.bfloat16) if dtype == "bfloat16" else model).save_pretrained(str(path))
     return model.float()
 
