@@ -73,7 +73,7 @@ class LLMEngine:
         from fastdeploy.engine.pooling_setup import classifier_token_ids
         from fastdeploy.input.processors import complete_hf_config
         from fastdeploy.input.tokenizer import load_tokenizer
-        from fastdeploy.model_executor.layers.quantization.weight_format import resolve_weight_format
+        from fastdeploy.model_executor.layers.quantization.weight_format import gguf_held_bytes, resolve_weight_format
         from fastdeploy.model_executor.model_loader import open_model
 
         threads = set_paddle_threads()
@@ -85,8 +85,9 @@ class LLMEngine:
         hf_config = classifier_token_ids(hf_config, tokenizer)  # the Qwen3-Reranker form's yes/no ids
         weight_format = resolve_weight_format(args.dtype, args.quantization, hf_config, source.quant_config)
         config = args.create_engine_config(path, hf_config, source.generation_config)
-        weights_bytes = config.model_config.weight_bytes(weight_format.bytes_per_weight,
-                                                         weight_format.lm_head_bytes_per_weight)
+        weights_bytes = (gguf_held_bytes(source.gguf_file) if weight_format.name == "gguf" else
+                         config.model_config.weight_bytes(weight_format.bytes_per_weight,
+                                                          weight_format.lm_head_bytes_per_weight))
         config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config, weight_format.quant_config)

@@ -12,7 +12,13 @@ Python object when asked for (`value`). gguf-py's `GGUFReader` instead builds a 
 element (two per string), ~10^5 objects for a tokenizer's tokens and merges, whose burst fragments
 the Python heap of a long-running process. gguf-py still gives the tensor types
 (`GGMLQuantizationType`, `GGML_QUANT_SIZES`) and the dequantization.
+
+The tensor data is a read-only memory map of the file. A mapped page that was read counts in the
+process's RSS for as long as it stays mapped, so a loader that copies every tensor into the model
+would end with the file's size twice in RSS; `release(tensor)` drops a copied tensor's pages from the
+process (the data stays readable: a later read pages it in again from the file).
 """
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +173,20 @@ class GGUFFile:
                              "it must be a positive power of two")
         data_start = -(-cursor.pos // alignment) * alignment
         self.tensors = [self._tensor(cursor, data_start, *info) for info in infos]
+
+    def release(self, tensor: GGUFTensor) -> None:
+        """Drop this process's mapped pages of `tensor`'s data (madvise MADV_DONTNEED over the pages it
+        spans, a neighbour's shared edge page included), after its values were copied out; RSS falls by
+        its size. Nothing is lost: `tensor.data` stays valid and reading it again pages it in from the
+        file. ValueError if `tensor` is not one of this file's."""
+        start = tensor.data.__array_interface__["data"][0] - self._map.__array_interface__["data"][0]
+        if not 0 <= start <= start + tensor.data.nbytes <= self._map.nbytes:
+            raise ValueError(f"tensor {tensor.name!r} is not in GGUF file {self.path}")
+        if tensor.data.nbytes == 0:
+            return
+        first = start - start % mmap.PAGESIZE
+        last = -(-(start + tensor.data.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._map._mmap.madvise(mmap.MADV_DONTNEED, first, min(last, self._map.nbytes) - first)
 
     def keys(self) -> list[str]:
         """The metadata keys, in file order."""

@@ -105,6 +105,7 @@ def iter_gguf_tensors(file: GGUFFile, hf_config: dict) -> Iterator[tuple[str, ob
             elif name.endswith(suffix):
                 array = unpermute_qk(array, count)
         yield name, array
+        file.release(tensor)  # copied into the model by now: its mapped pages leave this process's RSS
 
 
 def open_gguf(path: Path) -> ModelSource:

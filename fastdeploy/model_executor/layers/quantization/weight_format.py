@@ -19,8 +19,12 @@
 
 The packed formats need the compiled `fd_packed_linear` op; without it (no compiler, fallbacks forced)
 every format but GGUF is float32, with a warning when the user asked for another.
+
+The KV pool is sized from the bytes the weights will hold: `ModelConfig.weight_bytes` at the format's
+bytes per weight, or for a GGUF file kept in its blocks `gguf_held_bytes`, read off the file's header.
 """
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -66,7 +70,7 @@ def checkpoint_dtype(hf_config: dict) -> str:
 class WeightFormat:
     """name: "gguf", "float32", "bfloat16", "wint8" or "wint4"; quant_config: what the model's build
     gets (None: dense float32); bytes_per_weight: of the linear layers and lm_head, for sizing the KV
-    pool (GGUF: None, sized as float32 as before); kv_cache_dtype: the KV cache's dtype, the compute
+    pool (GGUF: unused, see gguf_held_bytes); kv_cache_dtype: the KV cache's dtype, the compute
     dtype (bf16 for bf16, wint8 and wint4, whose matmuls run in bf16; float32 for float32 and GGUF)."""
 
     name: str
@@ -83,6 +87,35 @@ class WeightFormat:
     @property
     def lm_head_bytes_per_weight(self) -> float:
         return BYTES_PER_WEIGHT["wint8"] if self.name == "wint4" else self.bytes_per_weight
+
+
+def gguf_held_bytes(file) -> int:
+    """Bytes of the weights a model loaded from GGUF `file` (model_loader/gguf_file.py GGUFFile) holds,
+    from the header alone: a matrix the loader hands over in its blocks (model_loader/gguf_loader.py:
+    2-D, of a type in quantized.LINEAR_QTYPES) at the size of the compiled op's interleaved layout
+    (quantized.interleaved_shape: the file's bytes with the float16 scales widened to float32, +6%
+    for Q8_0, +11% Q4_0, +20% Q4_1), every other tensor at 4 bytes per value (dequantized to float32
+    at load). The embedding is looked up in float32 (4 bytes per value) and, when tied (no
+    output.weight), also held as lm_head, in blocks when its type allows. Without the compiled GGUF
+    ops every matrix is float32. A packed projection (q/k/v, gate/up) whose parts differ in type is
+    float32 in the model but counted here at its parts' sizes."""
+    from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, interleaved_shape
+
+    in_blocks = compiled_op("gguf_linear") is not None and compiled_op("gguf_interleave_rows") is not None
+    tied = not any(t.name == "output.weight" for t in file.tensors)
+
+    def as_linear(tensor) -> int:
+        if in_blocks and int(tensor.tensor_type) in LINEAR_QTYPES and len(tensor.shape) == 2:
+            return math.prod(interleaved_shape(int(tensor.tensor_type), tensor.shape[1], tensor.shape[0]))
+        return 4 * math.prod(tensor.shape)
+
+    held = 0
+    for tensor in file.tensors:
+        if tensor.name == "token_embd.weight":
+            held += 4 * math.prod(tensor.shape) + (as_linear(tensor) if tied else 0)
+        else:
+            held += as_linear(tensor)
+    return held
 
 
 def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: dict,
