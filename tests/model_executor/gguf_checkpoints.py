@@ -10,7 +10,8 @@ GGUFWriter's add_* methods), the tiny byte-level tokenizer as a `gpt2` vocabular
 
 F32 / F16 / BF16 / Q8_0 / Q4_0 / Q4_1 are quantized from the model's weights by gguf-py. gguf-py has
 no quantizer for the K-quants (Q2_K..Q6_K): their blocks are random bytes with small positive
-float16 scales d (and dmin), scaled so that the dequantized matrix has the model's initializer std.
+float16 scales d (and dmin, chosen so that each block's mean is 0), scaled so that the dequantized
+matrix has the model's initializer std (`random_k_blocks`).
 
 The oracle checkpoint (the saved directory, its safetensors rewritten) holds what the file holds as
 gguf-py's `dequantize` gives it, Q/K rows permuted back for Llama: transformers on it computes the
@@ -101,18 +102,41 @@ def converter_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w[np.argsort(order)]
 
 
+def _set_half(blocks: np.ndarray, offset: int, values: np.ndarray) -> None:
+    blocks[..., offset:offset + 2] = values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
+
+
+def _per_block(blocks: np.ndarray, qtype) -> np.ndarray:
+    """gguf-py's dequantization of [..., blocks, bytes] as [..., blocks, 256]."""
+    flat = blocks.reshape(*blocks.shape[:-2], -1)
+    return gguf.quants.dequantize(flat, qtype).reshape(*blocks.shape[:-1], -1)
+
+
 def random_k_blocks(rows_shape: tuple, cols: int, qtype, rng) -> np.ndarray:
-    """Valid random blocks of K-quant `qtype` for a [*rows_shape, cols] matrix, dequantizing to std INIT_STD."""
+    """Valid random blocks of K-quant `qtype` for a [*rows_shape, cols] matrix, dequantizing to mean ~0
+    and std INIT_STD.
+
+    Random quants and (unsigned) sub-block scales have a positive mean; where the type subtracts minimums
+    (dmin: Q2_K, Q4_K, Q5_K), each block's dmin is chosen so that its mean is 0 (weights of one sign
+    would make every row of lm_head favour the same tokens). The result is y = d * A - dmin * B per
+    block, A and B dequantized with (d, dmin) = (1, 0) and (0, -1)."""
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(*rows_shape, cols // block_elems, block_bytes), dtype=np.uint8)
-    for offset in K_SCALE_OFFSETS[qtype]:
-        scale = rng.uniform(0.5, 1.0, size=blocks.shape[:-1]).astype(np.float16)
-        blocks[..., offset:offset + 2] = scale.view(np.uint8).reshape(*scale.shape, 2)
-    flat = blocks.reshape(*rows_shape, -1)
-    std = float(gguf.quants.dequantize(flat, qtype).std())
-    for offset in K_SCALE_OFFSETS[qtype]:
-        field = np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.float16)
-        blocks[..., offset:offset + 2] = (field * (INIT_STD / std)).astype(np.float16).view(np.uint8)
+    offsets = K_SCALE_OFFSETS[qtype]
+    one, zero = np.ones(blocks.shape[:-1]), np.zeros(blocks.shape[:-1])
+    d = rng.uniform(0.5, 1.0, size=blocks.shape[:-1])
+    if len(offsets) == 2:
+        _set_half(blocks, offsets[0], one), _set_half(blocks, offsets[1], zero)
+        a = _per_block(blocks, qtype).mean(axis=-1)
+        _set_half(blocks, offsets[0], zero), _set_half(blocks, offsets[1], -one)
+        b = _per_block(blocks, qtype).mean(axis=-1)
+        dmin = np.where(b > 0, d * a / np.maximum(b, 1e-6), 0.0)
+        _set_half(blocks, offsets[1], dmin)
+    _set_half(blocks, offsets[0], d)
+    scale = INIT_STD / float(_per_block(blocks, qtype).std())
+    for offset in offsets:
+        field = np.ascontiguousarray(blocks[..., offset:offset + 2]).view(np.float16)[..., 0]
+        _set_half(blocks, offset, field.astype(np.float32) * scale)
     return blocks.reshape(*rows_shape, -1)
 
 
