@@ -11,6 +11,7 @@ import numpy as np
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.models.causal_lm import CausalLM, with_flags
+from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
 ROTATED = (".self_attn.q_proj.weight", ".self_attn.k_proj.weight", ".self_attn.q_proj.bias", ".self_attn.k_proj.bias")
 
@@ -27,5 +28,10 @@ class Ernie4_5ForCausalLM(CausalLM):
     def adapt_config(cls, config: ModelConfig) -> ModelConfig:
         return with_flags(config, qkv_bias=config.use_bias, o_bias=config.use_bias, mlp_bias=config.use_bias)
 
-    def transform_weight(self, name: str, array: np.ndarray) -> np.ndarray:
-        return interleaved_to_halves(array, self.config.head_dim) if name.endswith(ROTATED) else array
+    def transform_weight(self, name: str, array):
+        if not name.endswith(ROTATED):
+            return array
+        if isinstance(array, QuantizedTensor):  # a GGUF matrix: its rows of blocks reordered alike
+            return QuantizedTensor(interleaved_to_halves(array.blocks, self.config.head_dim), array.qtype,
+                                   array.in_features)
+        return interleaved_to_halves(array, self.config.head_dim)
