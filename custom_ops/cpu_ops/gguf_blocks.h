@@ -93,6 +93,28 @@ void DequantRow(const uint8_t* wq, const Format& f, int64_t blocks, int64_t n, i
 }
 #endif
 
+#ifndef __AVX512F__
+// ---- portable dequantization of one block into 32 floats ----------------------------------------
+inline void DequantBlockScalar(const BlockRef& ref, int64_t qtype, float* w) {
+  if (qtype == kQ8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(ref.q);
+    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]) * ref.d;
+    return;
+  }
+  for (int j = 0; j < 16; ++j) {
+    const int lo = ref.q[j] & 15, hi = ref.q[j] >> 4;
+    if (qtype == kQ4_1) {
+      w[j] = static_cast<float>(lo) * ref.d + ref.m;
+      w[j + 16] = static_cast<float>(hi) * ref.d + ref.m;
+    } else {
+      w[j] = static_cast<float>(lo - 8) * ref.d;
+      w[j + 16] = static_cast<float>(hi - 8) * ref.d;
+    }
+  }
+}
+
+#endif
+
 inline void CheckWeight(const paddle::Tensor& weight, int64_t qtype, const Format& f, const char* op) {
   PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8, op, ": weight must be uint8 on CPU");
   PD_CHECK(f.group_bytes > 0, op, ": unsupported GGUF type id ", qtype, " (supported: 2 Q4_0, 3 Q4_1, 8 Q8_0)");

@@ -1,29 +1,38 @@
 // Linear layer on weights kept in llama.cpp's GGUF block formats, CPU, float32 activations.
 //
-//   y[M, N] = x[M, K] @ W^T,   W [N, K] quantized in blocks of 32 weights along K
+//   y[M, N] = x[M, K] @ W^T,   W [N, K] quantized in blocks along K
 //
-// Block formats (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`; per block a scale d, for Q4_1 a minimum m):
-//   Q4_0: 16 bytes of nibbles;  w[j] = (lo4(qs[j]) - 8) * d, w[j+16] = (hi4(qs[j]) - 8) * d
-//   Q4_1: 16 bytes of nibbles;  w[j] = lo4(qs[j]) * d + m,   w[j+16] = hi4(qs[j]) * d + m
-//   Q8_0: 32 int8;              w[j] = qs[j] * d
+// Two layouts, by type (ggml's type id `qtype`):
+//   * Q4_0, Q4_1, Q8_0 (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`; 32 weights, a scale d, for Q4_1 a
+//     minimum m), rearranged once at load by `gguf_interleave_rows` (below):
+//       Q4_0: 16 bytes of nibbles;  w[j] = (lo4(qs[j]) - 8) * d, w[j+16] = (hi4(qs[j]) - 8) * d
+//       Q4_1: 16 bytes of nibbles;  w[j] = lo4(qs[j]) * d + m,   w[j+16] = hi4(qs[j]) * d + m
+//       Q8_0: 32 int8;              w[j] = qs[j] * d
+//   * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: row-major as the file stores them, [N, K / values * block
+//     bytes] (gguf_rows.h gives each format).
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
-// (product and sum rounded separately, no fused multiply-add), so the layer computes the same
-// function as a float32 matmul on the dequantized matrix; only the summation order differs.
+// (product and sum rounded separately, no fused multiply-add), so up to PanelFromRows rows of x the layer
+// computes the same function as a float32 matmul on the dequantized matrix; only the summation order
+// differs. From there (the row-major types from 8 rows) W's rows are dequantized 64 at a time into a bf16
+// panel for packed_linear.cc's kernels (PanelProduct): x and W then carry bf16 rounding, as packed bf16.
 //
-// Layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
+// Interleaved layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
 // of 4 (the last padded with zero rows); per group and block column, the 4 rows' scales as float32
 // (d[4], then m[4] for Q4_1) followed by their 4 quant runs. A thread then reads one sequential
 // stream, the scales need no half-to-float conversion in the inner loop, and software prefetch runs
 // kPrefetchBytes ahead: a batch-1 decode of the default model's layers went from 8.3 to ~4 ms here.
 //
-// Paths: M < 4 (decode of a few sequences) dequantizes each block into registers and uses it for every
-// row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and runs a register-
-// blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against 16 rows of x.
-// Threads split N (OpenMP) when the work is large.
+// Paths for the interleaved types: M < 4 (decode of a few sequences) dequantizes each block into registers
+// and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
+// runs a register-blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against
+// 16 rows of x. The row-major types below 8 rows: gguf_linear_rows.h (a block dequantized into L1, float32
+// FMAs per row of x). Threads split N (OpenMP) when the work is large.
 //
 // Files: gguf_linear.cc (this one: the op, its dispatch and the portable path), gguf_blocks.h (the
-// layout and block dequantization), gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16),
-// gguf_interleave.cc (the gguf_interleave_rows op).
+// interleaved layout and its block dequantization), gguf_rows.h (the row-major formats and theirs),
+// gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16), gguf_linear_rows.h (the row-major kernel,
+// one row of any type dequantized), gguf_interleave.cc (the gguf_interleave_rows op), gguf_embedding.cc
+// (rows dequantized at lookup).
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -32,11 +41,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
+#include "bf16.h"
+#include "cpu_ops.h"
 #include "gguf_blocks.h"
 #include "gguf_linear_narrow.h"
+#include "gguf_linear_rows.h"
+#include "packed_linear.h"
 #include "gguf_linear_wide.h"
 #include "paddle/extension.h"
 
@@ -73,25 +87,6 @@ void Rows(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t
   }
 }
 #else
-// ---- portable dequantization of one block into 32 floats ----------------------------------------
-inline void DequantBlockScalar(const BlockRef& ref, int64_t qtype, float* w) {
-  if (qtype == kQ8_0) {
-    const int8_t* q = reinterpret_cast<const int8_t*>(ref.q);
-    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]) * ref.d;
-    return;
-  }
-  for (int j = 0; j < 16; ++j) {
-    const int lo = ref.q[j] & 15, hi = ref.q[j] >> 4;
-    if (qtype == kQ4_1) {
-      w[j] = static_cast<float>(lo) * ref.d + ref.m;
-      w[j + 16] = static_cast<float>(hi) * ref.d + ref.m;
-    } else {
-      w[j] = static_cast<float>(lo - 8) * ref.d;
-      w[j + 16] = static_cast<float>(hi - 8) * ref.d;
-    }
-  }
-}
-
 // Portable path: dequantize one W row, dot it with every row of x.
 void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
           int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
@@ -111,25 +106,104 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
 }
 #endif
 
+// Rows of x from which W goes to the bf16 panel kernels (PanelProduct) instead of the float32 ones, the one
+// place this is decided. The row-major types from kRowMajorPanelFrom (their float32 kernel computes one dot
+// product per row of x). Q4_0 / Q4_1 / Q8_0 never: their float32 kernels hold every row count (from 16
+// rows each dequantized weight broadcast over 16-32 rows of x), and those files' batches keep float32's
+// results (the default model's greedy tokens in a batch equal transformers' float32 ones; bf16 panels
+// changed a token there).
+constexpr int64_t kRowMajorPanelFrom = 8;
+
+inline int64_t PanelFromRows(int64_t qtype) {
+  return RowFormatOf(qtype).values ? kRowMajorPanelFrom : std::numeric_limits<int64_t>::max();
+}
+
+// y = x @ W^T with W's rows dequantized 64 at a time into a bf16 panel (packed_linear.h's layout, each
+// value gguf-py's float32 rounded to nearest even bf16) when a thread needs it, and the packed bf16 kernels
+// run on it (packed_linear.cc: AMX tiles or AVX512-BF16 register tiles): x and W carry bf16 rounding, the
+// products are exact and summed in float32; never a dequantized copy of the whole matrix.
+void PanelProduct(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t qtype, int64_t N, float* y) {
+  // A panel is written 16 rows at a time: each row dequantized (in L1) and rounded to bf16 pairs, then per
+  // pair k2 the 16 rows' pairs gathered into one 64-byte line of the panel.
+  constexpr int64_t kRows = 16;
+  const int64_t K2 = K / 2, stride = K2 + 16;  // a row's pairs padded by a line: no 4 KB aliasing in the gathers
+  const auto panel = [&](int64_t p, uint16_t* out) {
+    thread_local std::vector<float> row;
+    thread_local std::vector<uint32_t> rounded;  // [16, stride] bf16 pairs of 16 rows
+    row.resize(K);
+    rounded.resize(kRows * stride);
+    uint32_t* pairs = reinterpret_cast<uint32_t*>(out);  // [K / 2, 64]: row c's pair k2 at k2 * 64 + c
+    for (int64_t c0 = 0; c0 < packed::kPanel; c0 += kRows) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        const int64_t n = p * packed::kPanel + c0 + r;
+        if (n < N) {
+          DequantWeightRow(w, qtype, K, n, row.data());
+        } else {
+          std::fill(row.begin(), row.end(), 0.f);
+        }
+        fd_cpu::RoundRow(row.data(), K, reinterpret_cast<uint16_t*>(rounded.data() + r * stride));
+      }
+#ifdef __AVX512F__
+      const __m512i starts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32(static_cast<int>(stride)));
+      for (int64_t k2 = 0; k2 < K2; ++k2)
+        _mm512_storeu_si512(pairs + k2 * packed::kPanel + c0,
+                            _mm512_i32gather_epi32(starts, reinterpret_cast<const int*>(rounded.data() + k2), 4));
+#else
+      for (int64_t k2 = 0; k2 < K2; ++k2)
+        for (int64_t r = 0; r < kRows; ++r) pairs[k2 * packed::kPanel + c0 + r] = rounded[r * stride + k2];
+#endif
+    }
+  };
+  SourcedPanelLinear(x, M, K, N, panel, y);
+}
+
 }  // namespace
 
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
                                        int64_t out_features) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "gguf_linear: x must be float32 on CPU");
+  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2,
+           "gguf_linear: weight must be 2-D uint8 on CPU");
+  const RowFormat rf = RowFormatOf(qtype);
   const Format f = FormatOf(qtype);
-  CheckWeight(weight, qtype, f, "gguf_linear");
+  PD_CHECK(rf.values > 0 || f.group_bytes > 0, "gguf_linear: unsupported GGUF type id ", qtype,
+           " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K)");
   const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
-  PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (N + kGroup - 1) / kGroup &&
-               weight.shape()[1] == K / kBlock * f.group_bytes,
-           "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N, " interleaved rows of ",
-           K, " weights");
+  if (rf.values > 0) {
+    PD_CHECK(K % rf.values == 0 && weight.shape()[0] == N && weight.shape()[1] == K / rf.values * rf.bytes,
+             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
+             " rows of ", K, " weights of type ", qtype, " (blocks of ", rf.values, " in ", rf.bytes, " bytes)");
+  } else {
+    PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (N + kGroup - 1) / kGroup &&
+                 weight.shape()[1] == K / kBlock * f.group_bytes,
+             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
+             " interleaved rows of ", K, " weights");
+  }
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
   const float* xd = x.data<float>();
   const uint8_t* wd = weight.data<uint8_t>();
   float* yd = y.data<float>();
+  if (M >= PanelFromRows(qtype)) {
+    PanelProduct(xd, M, K, wd, qtype, N, yd);
+    return {y};
+  }
   const bool parallel = M * N * K >= kParallelWork;
+  if (rf.values > 0) {
+#pragma omp parallel if (parallel)
+    {
+#ifdef _OPENMP
+      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+      const int64_t threads = 1, id = 0;
+#endif
+      const int64_t n0 = N * id / threads, n1 = N * (id + 1) / threads;
+      if (n0 < n1) RowMajorProduct(xd, M, K, wd, qtype, N, n0, n1, yd);
+    }
+    return {y};
+  }
 #ifdef __AVX512F__
   const bool wide = M >= kWideM;
 #else

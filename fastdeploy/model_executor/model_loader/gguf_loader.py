@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile, GGUFTensor
-from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import FLOAT_QTYPES, LINEAR_QTYPES, QuantizedTensor
 from fastdeploy.model_executor.model_loader.source import ModelSource
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -79,15 +79,27 @@ def gguf_hf_config(file: GGUFFile, arch: str) -> dict:
 
 
 def gguf_quant_config(file: GGUFFile):
-    """The GGUFConfig of the file's header: the type of every matrix handed over as a QuantizedTensor."""
+    """The GGUFConfig of the file's header: the type of every matrix. ValueError naming the tensor and
+    its type for a matrix in a type the engine has no kernel for (quantized.py LINEAR_QTYPES) and does
+    not read as floats (FLOAT_QTYPES): the IQ, TQ and MXFP4 types."""
     from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig
 
-    return GGUFConfig({hf_tensor_name(t.name): int(t.tensor_type) for t in file.tensors
-                       if int(t.tensor_type) in LINEAR_QTYPES and len(t.shape) == 2})
+    types = {}
+    for t in file.tensors:
+        qtype = int(t.tensor_type)
+        if len(t.shape) != 2:
+            continue
+        if qtype not in LINEAR_QTYPES + FLOAT_QTYPES:
+            raise ValueError(f"GGUF tensor {t.name!r} is of type {t.tensor_type.name} ({qtype}), which this engine "
+                             f"does not support; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
+                             f"Q3_K, Q4_K, Q5_K, Q6_K")
+        types[hf_tensor_name(t.name)] = qtype
+    return GGUFConfig(types)
 
 
 def _tensor(tensor: GGUFTensor):
-    """QuantizedTensor for a matrix in a type the engine computes on, else a float32 array."""
+    """QuantizedTensor (its blocks, [out, bytes per row]) for a matrix in a type the engine computes on
+    (LINEAR_QTYPES), else a float32 array (gguf-py's dequantization: F32, F16, BF16, and 1-D tensors)."""
     import gguf
 
     if int(tensor.tensor_type) in LINEAR_QTYPES and len(tensor.shape) == 2:
