@@ -13,7 +13,7 @@
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
 // (product and sum rounded separately, no fused multiply-add), so up to PanelFromRows rows of x the layer
 // computes the same function as a float32 matmul on the dequantized matrix; only the summation order
-// differs. From there (the row-major types from 8 rows) W's rows are dequantized 64 at a time into a bf16
+// differs. From there (the row-major types from 10 rows) W's rows are dequantized 64 at a time into a bf16
 // panel for packed_linear.cc's kernels (PanelProduct): x and W then carry bf16 rounding, as packed bf16.
 //
 // Interleaved layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
@@ -25,7 +25,7 @@
 // Paths for the interleaved types: M < 4 (decode of a few sequences) dequantizes each block into registers
 // and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
 // runs a register-blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against
-// 16 rows of x. The row-major types below 8 rows: gguf_linear_rows.h (a block dequantized into L1, float32
+// 16 rows of x. The row-major types below 10 rows: gguf_linear_rows.h (a block dequantized into L1, float32
 // FMAs per row of x). Threads split N (OpenMP) when the work is large.
 //
 // Files: gguf_linear.cc (this one: the op, its dispatch and the portable path), gguf_blocks.h (the
@@ -112,7 +112,7 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
 // rows each dequantized weight broadcast over 16-32 rows of x), and those files' batches keep float32's
 // results (the default model's greedy tokens in a batch equal transformers' float32 ones; bf16 panels
 // changed a token there).
-constexpr int64_t kRowMajorPanelFrom = 8;
+constexpr int64_t kRowMajorPanelFrom = 10;
 
 inline int64_t PanelFromRows(int64_t qtype) {
   return RowFormatOf(qtype).values ? kRowMajorPanelFrom : std::numeric_limits<int64_t>::max();

@@ -15,12 +15,13 @@ GGUFLinearMethod's weight parameter holds Q4_0 / Q4_1 / Q8_0 rearranged once by 
 into groups of 4 rows with float32 scales ([ceil(out / 4), in / 32 * group bytes] uint8), and the other
 types as the file stores them, row-major ([out, in / values * block bytes] uint8: loading copies each
 shard's rows, so the layer holds the file's bytes). The op decides per call which kernel runs
-(custom_ops/cpu_ops/gguf_linear.cc): up to a row count (64 for the interleaved types, 8 for the
-others) the weights are dequantized in registers / L1 to exactly gguf-py's `dequantize` values and
-multiplied in float32, the same function as a float32 matmul on the dequantized matrix up to the order
-of the sums; from there W is dequantized 64 rows at a time into a bf16 panel for the packed bf16
-kernels (AMX or AVX512-BF16), never as a whole, and the result carries bf16 rounding of x and of the
-dequantized W (products exact, float32 sums), as the packed formats do.
+(custom_ops/cpu_ops/gguf_linear.cc `PanelFromRows`): the weights are dequantized in registers / L1 to
+exactly gguf-py's `dequantize` values and multiplied in float32, the same function as a float32 matmul
+on the dequantized matrix up to the order of the sums: Q4_0 / Q4_1 / Q8_0 at every row count, the
+row-major types below 10 rows of x. From 10 rows the row-major types' W is dequantized 64 rows at a time
+into a bf16 panel for the packed bf16 kernels (AMX or AVX512-BF16), never as a whole, and the result
+carries bf16 rounding of x and of the dequantized W (products exact, float32 sums), as the packed
+formats do. No float32 copy of a weight is made.
 """
 from typing import Callable, Optional, Sequence
 
