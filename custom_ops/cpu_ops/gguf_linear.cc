@@ -13,7 +13,7 @@
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
 // (product and sum rounded separately, no fused multiply-add), so up to PanelFromRows rows of x the layer
 // computes the same function as a float32 matmul on the dequantized matrix; only the summation order
-// differs. From there (the row-major types from 10 rows) W's rows are dequantized 64 at a time into a bf16
+// differs. From there (the row-major types from 7 rows) W's rows are dequantized 64 at a time into a bf16
 // panel for packed_linear.cc's kernels (PanelProduct): x and W then carry bf16 rounding, as packed bf16.
 //
 // Interleaved layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
@@ -25,7 +25,7 @@
 // Paths for the interleaved types: M < 4 (decode of a few sequences) dequantizes each block into registers
 // and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
 // runs a register-blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against
-// 16 rows of x. The row-major types below 10 rows: gguf_linear_rows.h (a block dequantized into L1, float32
+// 16 rows of x. The row-major types below 7 rows: gguf_linear_rows.h (a block dequantized into L1, float32
 // FMAs per row of x). Threads split N (OpenMP) when the work is large.
 //
 // Files: gguf_linear.cc (this one: the op, its dispatch and the portable path), gguf_blocks.h (the
@@ -112,7 +112,7 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
 // rows each dequantized weight broadcast over 16-32 rows of x), and those files' batches keep float32's
 // results (the default model's greedy tokens in a batch equal transformers' float32 ones; bf16 panels
 // changed a token there).
-constexpr int64_t kRowMajorPanelFrom = 10;
+constexpr int64_t kRowMajorPanelFrom = 7;
 
 inline int64_t PanelFromRows(int64_t qtype) {
   return RowFormatOf(qtype).values ? kRowMajorPanelFrom : std::numeric_limits<int64_t>::max();
@@ -122,11 +122,38 @@ inline int64_t PanelFromRows(int64_t qtype) {
 // value gguf-py's float32 rounded to nearest even bf16) when a thread needs it, and the packed bf16 kernels
 // run on it (packed_linear.cc: AMX tiles or AVX512-BF16 register tiles): x and W carry bf16 rounding, the
 // products are exact and summed in float32; never a dequantized copy of the whole matrix.
+#ifdef __AVX512F__
+// v[i] = lanes i of v[0..15] (a 16 x 16 transpose of 32-bit values): 32-bit and 64-bit unpacks give each
+// 128-bit lane 4 rows of one column, then a 4 x 4 transpose of those lanes.
+inline void Transpose16x16(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // v[4 i + j], lane L: rows 4 i .. 4 i + 3 of column 4 L + j
+    v[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // column 4 L + j, lane g: v[4 g + j]'s lane L
+    const __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x44), b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xEE);
+    const __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x44), d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xEE);
+    t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+    t[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    t[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+    t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+#endif
+
 void PanelProduct(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t qtype, int64_t N, float* y) {
-  // A panel is written 16 rows at a time: each row dequantized (in L1) and rounded to bf16 pairs, then per
-  // pair k2 the 16 rows' pairs gathered into one 64-byte line of the panel.
+  // A panel is written 16 rows at a time: each row dequantized (in L1) and rounded to bf16 pairs, then 16
+  // pairs of the 16 rows transposed in registers into 16 of the panel's 64-byte lines.
   constexpr int64_t kRows = 16;
-  const int64_t K2 = K / 2, stride = K2 + 16;  // a row's pairs padded by a line: no 4 KB aliasing in the gathers
+  const int64_t K2 = K / 2, stride = K2 + 16;  // a row's pairs padded by a line: no 4 KB aliasing of the 16 rows
   const auto panel = [&](int64_t p, uint16_t* out) {
     thread_local std::vector<float> row;
     thread_local std::vector<uint32_t> rounded;  // [16, stride] bf16 pairs of 16 rows
@@ -144,11 +171,12 @@ void PanelProduct(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
         fd_cpu::RoundRow(row.data(), K, reinterpret_cast<uint16_t*>(rounded.data() + r * stride));
       }
 #ifdef __AVX512F__
-      const __m512i starts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                _mm512_set1_epi32(static_cast<int>(stride)));
-      for (int64_t k2 = 0; k2 < K2; ++k2)
-        _mm512_storeu_si512(pairs + k2 * packed::kPanel + c0,
-                            _mm512_i32gather_epi32(starts, reinterpret_cast<const int*>(rounded.data() + k2), 4));
+      for (int64_t k2 = 0; k2 < K2; k2 += 16) {  // K2 is a multiple of 16 (K of 32)
+        __m512i v[16];
+        for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(rounded.data() + r * stride + k2);
+        Transpose16x16(v);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(pairs + (k2 + i) * packed::kPanel + c0, v[i]);
+      }
 #else
       for (int64_t k2 = 0; k2 < K2; ++k2)
         for (int64_t r = 0; r < kRows; ++r) pairs[k2 * packed::kPanel + c0 + r] = rounded[r * stride + k2];

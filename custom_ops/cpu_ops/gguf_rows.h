@@ -23,9 +23,10 @@
 #include <immintrin.h>
 #endif
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "gguf_blocks.h"  // Half
 
 namespace {
 
@@ -48,26 +49,6 @@ inline RowFormat RowFormatOf(int64_t qtype) {
     case kQ6_K: return {256, 210};
     default: return {0, 0};
   }
-}
-
-// IEEE half at p -> float (exact)
-inline float HalfAt(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
-  if (exponent == 0) {  // zero or subnormal
-    const float v = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -v : v;
-  }
-  const uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
-                                       : sign | ((exponent + 112) << 23) | (mantissa << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
 }
 
 // A block as integer codes q[values] and, per 16 values, a scale s and an offset o: w = s * q - o
@@ -114,8 +95,8 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
       const int lo = e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
       c.q[e] = static_cast<int8_t>((lo | (((qh >> e) & 1) << 4)) - (QT == kQ5_0 ? 16 : 0));
     }
-    c.s[0] = c.s[1] = HalfAt(b);
-    if (QT == kQ5_1) c.o[0] = c.o[1] = -HalfAt(b + 2);  // w = d q + m = d q - (-m), exactly
+    c.s[0] = c.s[1] = Half(b);
+    if (QT == kQ5_1) c.o[0] = c.o[1] = -Half(b + 2);  // w = d q + m = d q - (-m), exactly
   } else if constexpr (QT == kQ2_K) {
     const uint8_t *scales = b, *qs = b + 16;
 #ifdef __AVX2__
@@ -123,7 +104,7 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
 #else
     for (int e = 0; e < 256; ++e) c.q[e] = static_cast<int8_t>((qs[(e / 128) * 32 + e % 32] >> (2 * ((e / 32) % 4))) & 3);
 #endif
-    const float d = HalfAt(b + 80), dmin = HalfAt(b + 82);
+    const float d = Half(b + 80), dmin = Half(b + 82);
     for (int g = 0; g < 16; ++g) {
       c.s[g] = d * static_cast<float>(scales[g] & 15);
       c.o[g] = dmin * static_cast<float>(scales[g] >> 4);
@@ -142,7 +123,7 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
       c.q[e] = static_cast<int8_t>(low - (high ? 0 : 4));
     }
 #endif
-    const float d = HalfAt(b + 108);
+    const float d = Half(b + 108);
     for (int j = 0; j < 16; ++j) {
       const int sc = ((scales[j % 8] >> (4 * (j / 8))) & 15) | (((scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
       c.s[j] = d * static_cast<float>(sc - 32);
@@ -164,7 +145,7 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
       c.q[e] = static_cast<int8_t>(q);
     }
 #endif
-    const float d = HalfAt(b), dmin = HalfAt(b + 2);
+    const float d = Half(b), dmin = Half(b + 2);
     for (int j = 0; j < 8; ++j) {
       int scale, min;
       ScaleMinK4(scales, j, scale, min);
@@ -188,7 +169,7 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
       c.q[e] = static_cast<int8_t>((low | (high << 4)) - 32);
     }
 #endif
-    const float d = HalfAt(b + 208);
+    const float d = Half(b + 208);
     for (int g = 0; g < 16; ++g) c.s[g] = d * static_cast<float>(scales[g]);
   }
 }

@@ -25,7 +25,7 @@ ROW_MAJOR = {"Q5_0": Q5_0, "Q5_1": Q5_1, "Q2_K": Q2_K, "Q3_K": Q3_K, "Q4_K": Q4_
 # byte offsets of each block's float16 fields: (scales, signed offsets); scales small and positive
 HALF_FIELDS = {Q5_0: ([0], []), Q5_1: ([0], [2]), Q2_K: ([80, 82], []), Q3_K: ([108], []), Q4_K: ([0, 2], []),
                Q5_K: ([0, 2], []), Q6_K: ([208], [])}
-PANEL_FROM = {"row_major": 10, "interleaved": 1 << 62}  # gguf_linear.cc PanelFromRows (interleaved: never)
+PANEL_FROM = {"row_major": 7, "interleaved": 1 << 62}  # gguf_linear.cc PanelFromRows (interleaved: never)
 
 
 def random_blocks(rng, rows: int, cols: int, qtype: int) -> QuantizedTensor:
@@ -89,7 +89,7 @@ def test_interleaved_rows_equal_gguf_py(name):
 
 
 @pytest.mark.parametrize("name", sorted(ROW_MAJOR))
-@pytest.mark.parametrize("m", [1, 3, 9, 10, 33, 300])
+@pytest.mark.parametrize("m", [1, 3, 6, 7, 33, 300])
 @pytest.mark.parametrize("n,blocks", [(1, 1), (67, 3), (130, 2)])
 def test_row_major_op_matches_numpy(name, m, n, blocks):
     qtype = ROW_MAJOR[name]
@@ -154,7 +154,7 @@ def test_gguf_method_keeps_the_files_rows(name):
 
 def test_moe_mlp_with_k_quant_experts_equals_numpy():
     """fd_moe_mlp's experts as Q4_K gate_up and Q6_K down blocks (typed_linear.cc): a float64 reference
-    on gguf-py's dequantized weights, each expert's few tokens in float32 (below 10 rows a call)."""
+    on gguf-py's dequantized weights, each expert's few tokens in float32 (below 7 rows a call)."""
     hidden, inter, experts, top_k = 256, 256, 4, 2
     rng = np.random.default_rng(11)
     x = rng.standard_normal((6, hidden)).astype(np.float32)

@@ -18,7 +18,7 @@ shard's rows, so the layer holds the file's bytes). The op decides per call whic
 (custom_ops/cpu_ops/gguf_linear.cc `PanelFromRows`): the weights are dequantized in registers / L1 to
 exactly gguf-py's `dequantize` values and multiplied in float32, the same function as a float32 matmul
 on the dequantized matrix up to the order of the sums: Q4_0 / Q4_1 / Q8_0 at every row count, the
-row-major types below 10 rows of x. From 10 rows the row-major types' W is dequantized 64 rows at a time
+row-major types below 7 rows of x. From 7 rows the row-major types' W is dequantized 64 rows at a time
 into a bf16 panel for the packed bf16 kernels (AMX or AVX512-BF16), never as a whole, and the result
 carries bf16 rounding of x and of the dequantized W (products exact, float32 sums), as the packed
 formats do. No float32 copy of a weight is made.
