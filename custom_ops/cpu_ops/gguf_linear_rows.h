@@ -2,9 +2,9 @@
 // every GGUF type shares (the bf16 panels of many rows, gguf_linear.cc; the embedding lookup,
 // gguf_embedding.cc).
 //
-// RowMajorRows: per W row, each block is dequantized into a 1 KB float32 buffer (L1) to gguf-py's values
-// and multiplied with every row of x by float32 FMAs (4 independent chains per row of x), the row's sums
-// reduced once at its end. Threads split N (gguf_linear.cc).
+// RowMajorRows: per W row, 256 values at a time (a K-quant block, or 8 Q5_0 / Q5_1 blocks) are dequantized
+// into a 1 KB float32 buffer (L1) to gguf-py's values and multiplied with every row of x by float32 FMAs
+// (4 independent chains per row of x), the row's sums reduced once at its end. Threads split N (gguf_linear.cc).
 #pragma once
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -61,15 +61,17 @@ template <int64_t QT>
 void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t n0, int64_t n1,
                   float* y) {
   const RowFormat f = RowFormatOf(QT);
-  const int64_t blocks = K / f.values, vectors = f.values / 16;
+  // blocks dequantized per step: 256 values (Q5_0 / Q5_1: 8 blocks, so the dot products run 4 chains)
+  const int64_t blocks = K / f.values, per_step = kMaxBlockValues / f.values;
   alignas(64) float buf[kMaxBlockValues];
 #ifdef __AVX512F__
   __m512 acc[kMaxRowMajorM];
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     const uint8_t* row = w + n * blocks * f.bytes;
-    for (int64_t b = 0; b < blocks; ++b) {
-      DequantRowBlock<QT>(row + b * f.bytes, buf);
+    for (int64_t b = 0; b < blocks; b += per_step) {
+      const int64_t count = std::min(per_step, blocks - b), vectors = count * f.values / 16;
+      for (int64_t i = 0; i < count; ++i) DequantRowBlock<QT>(row + (b + i) * f.bytes, buf + i * f.values);
       for (int64_t m = 0; m < M; ++m) {
         const float* xm = x + m * K + b * f.values;
         __m512 s0 = acc[m], s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
@@ -91,12 +93,13 @@ void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
   for (int64_t n = n0; n < n1; ++n) {
     std::fill(acc.begin(), acc.end(), 0.f);
     const uint8_t* row = w + n * blocks * f.bytes;
-    for (int64_t b = 0; b < blocks; ++b) {
-      DequantRowBlock<QT>(row + b * f.bytes, buf);
+    for (int64_t b = 0; b < blocks; b += per_step) {
+      const int64_t count = std::min(per_step, blocks - b);
+      for (int64_t i = 0; i < count; ++i) DequantRowBlock<QT>(row + (b + i) * f.bytes, buf + i * f.values);
       for (int64_t m = 0; m < M; ++m) {
         const float* xm = x + m * K + b * f.values;
         float dot = 0.f;
-        for (int64_t e = 0; e < f.values; ++e) dot += xm[e] * buf[e];
+        for (int64_t e = 0; e < count * f.values; ++e) dot += xm[e] * buf[e];
         acc[m] += dot;
       }
     }

@@ -91,10 +91,22 @@ inline void BlockCodes(const uint8_t* b, Codes& c) {
     uint32_t qh;
     std::memcpy(&qh, b + off, 4);
     const uint8_t* qs = b + off + 4;
+#ifdef __AVX2__
+    const __m128i nibbles = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(15);
+    const __m256i low = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nibbles, 4), low4), _mm_and_si128(nibbles, low4));
+    // byte e: qh's byte e / 8, tested against bit e % 8
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                                2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+    Store32(c.q, _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(QT == kQ5_0 ? 16 : 0)));
+#else
     for (int e = 0; e < 32; ++e) {
       const int lo = e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
       c.q[e] = static_cast<int8_t>((lo | (((qh >> e) & 1) << 4)) - (QT == kQ5_0 ? 16 : 0));
     }
+#endif
     c.s[0] = c.s[1] = Half(b);
     if (QT == kQ5_1) c.o[0] = c.o[1] = -Half(b + 2);  // w = d q + m = d q - (-m), exactly
   } else if constexpr (QT == kQ2_K) {
