@@ -14,7 +14,7 @@ import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear
 from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
-from fastdeploy.model_executor.layers.quantization.packed import bf16_values
+from fastdeploy.model_executor.layers.quantization.packed import bf16_bits, bf16_values
 from fastdeploy.model_executor.model_loader.quantized import (Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,
                                                               Q8_0, ROW_MAJOR_BLOCKS, QuantizedTensor)
 from fastdeploy.model_executor.ops import compiled_op
@@ -178,3 +178,39 @@ def test_moe_mlp_with_k_quant_experts_equals_numpy():
             act = h[:inter] / (1 + np.exp(-h[:inter])) * h[inter:]
             want[t] += we * (downs[e].dequantize().astype(np.float64) @ act)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def write_gguf(path, tensors: dict) -> None:
+    """A GGUF file of `tensors` (name: (raw array, ggml type)) as gguf-py writes it."""
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    for name, (array, qtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=None if qtype in (0, 1) else gguf.GGMLQuantizationType(qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_quant_config_methods_by_type_and_an_unsupported_type_is_named(tmp_path):
+    from fastdeploy.model_executor.layers.linear import UnquantizedLinearMethod
+    from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
+    from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
+    from fastdeploy.model_executor.model_loader.gguf_loader import gguf_quant_config
+
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    bf16 = bf16_bits(w).view(np.uint8)  # [64, 512]: BF16 rows as the file stores them
+    tensors = {"blk.0.attn_q.weight": (random_blocks(rng, 64, 256, Q4_K).blocks, Q4_K),
+               "blk.0.attn_k.weight": (bf16, 30), "blk.0.attn_v.weight": (w.astype(np.float16), 1),
+               "blk.0.attn_output.weight": (w, 0)}
+    write_gguf(tmp_path / "ok.gguf", tensors)
+    config = gguf_quant_config(GGUFFile(tmp_path / "ok.gguf"))
+    method = lambda name: config.linear_method([f"model.layers.0.self_attn.{name}.weight"])  # noqa: E731
+    assert isinstance(method("q_proj"), GGUFLinearMethod) and method("q_proj").qtype == Q4_K
+    assert isinstance(method("k_proj"), PackedLinearMethod) and method("k_proj").kind == 30  # BF16: exact
+    assert isinstance(method("v_proj"), UnquantizedLinearMethod)  # F16
+    assert isinstance(method("o_proj"), UnquantizedLinearMethod)  # F32
+    blocks = rng.integers(0, 256, (64, 256 // 32 * 18), dtype=np.uint8)  # IQ4_NL: 32 values in 18 bytes
+    write_gguf(tmp_path / "bad.gguf", {"blk.0.attn_q.weight": (blocks, int(gguf.GGMLQuantizationType.IQ4_NL))})
+    with pytest.raises(ValueError, match=r"'blk.0.attn_q.weight' is of type IQ4_NL \(20\)"):
+        gguf_quant_config(GGUFFile(tmp_path / "bad.gguf"))
