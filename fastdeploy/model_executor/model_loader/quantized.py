@@ -41,6 +41,12 @@ def interleaved_shape(qtype: int, rows: int, in_features: int) -> list[int]:
     return [-(-rows // ROW_GROUP), in_features // 32 * group_bytes]
 
 
+def block_shape(qtype: int, rows: int, in_features: int) -> list[int]:
+    """Shape of the uint8 weight the compiled op reads for a [rows, in_features] matrix of a LINEAR_QTYPES
+    type: interleaved_shape for INTERLEAVED_QTYPES, else row_major_shape (the file's bytes)."""
+    return (interleaved_shape if qtype in INTERLEAVED_QTYPES else row_major_shape)(qtype, rows, in_features)
+
+
 def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:
     """GGUF's row-major blocks [rows, in / 32 * block bytes] back from the compiled op's layout.
 

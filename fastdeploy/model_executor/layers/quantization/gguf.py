@@ -32,7 +32,7 @@ from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod, epilogue
 from fastdeploy.model_executor.layers.parameters import empty_parameter
 from fastdeploy.model_executor.model_loader.quantized import (BF16, INTERLEAVED_QTYPES, LINEAR_QTYPES,
-                                                              QuantizedTensor, interleaved_shape, row_major_shape)
+                                                              QuantizedTensor, block_shape)
 from fastdeploy.model_executor.ops import compiled_op
 
 
@@ -67,8 +67,7 @@ class GGUFLinearMethod(LinearMethod):
         self._staged_rows = 0
 
     def create_weights(self, layer: Linear) -> paddle.Tensor:
-        shape = (interleaved_shape if self.interleaved else row_major_shape)(
-            self.qtype, layer.out_features, layer.in_features)
+        shape = block_shape(self.qtype, layer.out_features, layer.in_features)
         return empty_parameter(shape, "uint8", layer.weight_loader)
 
     def load(self, layer: Linear, loaded, start: int, end: int) -> None:
