@@ -1,8 +1,6 @@
 // The CPU ops' host functions, for ops that compose them (decoder_layer.cc, moe.cc). Each is defined, with its
 // contract, in the file named beside it.
 #pragma once
-#include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "paddle/extension.h"
@@ -16,12 +14,6 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
 std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
                                          const paddle::Tensor& bias, int64_t kind, int64_t out_features,
                                          bool portable, int64_t activation);
-
-// packed_linear.cc: y[M, N] = x[M, K] @ W^T for M > 6 rows, with W's 64-row panels made by `panel(p, out)`:
-// panel p written as bf16 in packed_linear.h's layout ([K / 2, 128]) into out, by the thread that uses it
-// (gguf_linear.cc: GGUF blocks dequantized a panel at a time)
-using PanelSource = std::function<void(int64_t, uint16_t*)>;
-void SourcedPanelLinear(const float* x, int64_t M, int64_t K, int64_t N, const PanelSource& panel, float* y);
 
 // rms_norm.cc: (rms_norm(x + residual), x + residual)
 std::vector<paddle::Tensor> FusedAddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,

@@ -11,10 +11,9 @@
 //   * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: row-major as the file stores them, [N, K / values * block
 //     bytes] (gguf_rows.h gives each format).
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
-// (product and sum rounded separately, no fused multiply-add), so up to PanelFromRows rows of x the layer
-// computes the same function as a float32 matmul on the dequantized matrix; only the summation order
-// differs. From there (the row-major types from 7 rows) W's rows are dequantized 64 at a time into a bf16
-// panel for packed_linear.cc's kernels (PanelProduct): x and W then carry bf16 rounding, as packed bf16.
+// (product and sum rounded separately, no fused multiply-add), so the layer computes the same function
+// as a float32 matmul on the dequantized matrix at every row count; only the summation order differs.
+// No float32 copy of W is made.
 //
 // Interleaved layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
 // of 4 (the last padded with zero rows); per group and block column, the 4 rows' scales as float32
@@ -22,16 +21,17 @@
 // stream, the scales need no half-to-float conversion in the inner loop, and software prefetch runs
 // kPrefetchBytes ahead: a batch-1 decode of the default model's layers went from 8.3 to ~4 ms here.
 //
-// Paths for the interleaved types: M < 4 (decode of a few sequences) dequantizes each block into registers
+// Paths: M < 4 (decode of a few sequences) on the interleaved types dequantizes each block into registers
 // and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
-// runs a register-blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against
-// 16 rows of x. The row-major types below 7 rows: gguf_linear_rows.h (a block dequantized into L1, float32
-// FMAs per row of x). Threads split N (OpenMP) when the work is large.
+// runs a register-blocked dot-product kernel over it; the row-major types below 16 rows dequantize 256
+// values of a row at a time into L1 and multiply them with each row of x (gguf_linear_rows.h); M >= 16,
+// every type, broadcasts each dequantized weight against 16 rows of x (gguf_linear_wide.h, on chunks of
+// W rows dequantized by the type's function). Threads split N (OpenMP) when the work is large.
 //
 // Files: gguf_linear.cc (this one: the op, its dispatch and the portable path), gguf_blocks.h (the
 // interleaved layout and its block dequantization), gguf_rows.h (the row-major formats and theirs),
-// gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16), gguf_linear_rows.h (the row-major kernel,
-// one row of any type dequantized), gguf_interleave.cc (the gguf_interleave_rows op), gguf_embedding.cc
+// gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16), gguf_linear_rows.h (the row-major kernel
+// below 16 rows, one row of any type dequantized), gguf_interleave.cc (the gguf_interleave_rows op), gguf_embedding.cc
 // (rows dequantized at lookup).
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -41,16 +41,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <vector>
 
-#include "bf16.h"
-#include "cpu_ops.h"
 #include "gguf_blocks.h"
 #include "gguf_linear_narrow.h"
 #include "gguf_linear_rows.h"
-#include "packed_linear.h"
 #include "gguf_linear_wide.h"
 #include "paddle/extension.h"
 
@@ -71,16 +67,43 @@ void RowsOf(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64
     case 3: SmallGroups<3, QT>(x, w, K, N, g0, g1, y); return;
     default:
       if (xt != nullptr) {
-        WideM<QT>(xt, Mp, w, M, K, N, n0, n1, y, tile);
+        const Format f = FormatOf(QT);
+        const int64_t blocks = K / kBlock;
+        const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
+          DequantRow<QT>(w, f, blocks, n, k0 / kBlock, kc / kBlock, out);
+        };
+        WideM(xt, Mp, dequant, w, blocks * f.group_bytes / kGroup, M, K, N, n0, n1, y, tile);
       } else {
         LargeM<QT>(x, w, M, K, N, n0, n1, y, tile);
       }
   }
 }
 
+// A row-major type: below kWideM rows gguf_linear_rows.h's kernel, else the broadcast kernel on chunks of
+// rows dequantized a block (256 values, or 32 for Q5_0 / Q5_1) at a time.
+template <int64_t QT>
+void RowMajorRowsOf(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, int64_t N,
+                    int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
+  if (xt == nullptr) return RowMajorRows<QT>(x, M, K, w, N, n0, n1, y);
+  const RowFormat f = RowFormatOf(QT);
+  const int64_t row_bytes = K / f.values * f.bytes;
+  const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
+    const uint8_t* block = w + n * row_bytes + k0 / f.values * f.bytes;
+    for (int64_t k = 0; k < kc; k += f.values, block += f.bytes) DequantRowBlock<QT>(block, out + k);
+  };
+  WideM(xt, Mp, dequant, w, row_bytes, M, K, N, n0, n1, y, tile);
+}
+
 void Rows(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t qtype, int64_t M, int64_t K,
           int64_t N, int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   switch (qtype) {
+    case kQ5_0: RowMajorRowsOf<kQ5_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ5_1: RowMajorRowsOf<kQ5_1>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ2_K: RowMajorRowsOf<kQ2_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ3_K: RowMajorRowsOf<kQ3_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ4_K: RowMajorRowsOf<kQ4_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ5_K: RowMajorRowsOf<kQ5_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ6_K: RowMajorRowsOf<kQ6_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     case kQ4_0: RowsOf<kQ4_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     case kQ4_1: RowsOf<kQ4_1>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     default: RowsOf<kQ8_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
@@ -90,6 +113,7 @@ void Rows(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t
 // Portable path: dequantize one W row, dot it with every row of x.
 void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
           int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
+  if (RowFormatOf(qtype).values > 0) return RowMajorProduct(x, M, K, w, qtype, N, n0, n1, y);
   const Format f = FormatOf(qtype);
   const int64_t blocks = K / kBlock;
   tile.resize(K);
@@ -105,86 +129,6 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
   }
 }
 #endif
-
-// Rows of x from which W goes to the bf16 panel kernels (PanelProduct) instead of the float32 ones, the one
-// place this is decided. The row-major types from kRowMajorPanelFrom (their float32 kernel computes one dot
-// product per row of x). Q4_0 / Q4_1 / Q8_0 never: their float32 kernels hold every row count (from 16
-// rows each dequantized weight broadcast over 16-32 rows of x), and those files' batches keep float32's
-// results (the default model's greedy tokens in a batch equal transformers' float32 ones; bf16 panels
-// changed a token there).
-constexpr int64_t kRowMajorPanelFrom = 7;
-
-inline int64_t PanelFromRows(int64_t qtype) {
-  return RowFormatOf(qtype).values ? kRowMajorPanelFrom : std::numeric_limits<int64_t>::max();
-}
-
-// y = x @ W^T with W's rows dequantized 64 at a time into a bf16 panel (packed_linear.h's layout, each
-// value gguf-py's float32 rounded to nearest even bf16) when a thread needs it, and the packed bf16 kernels
-// run on it (packed_linear.cc: AMX tiles or AVX512-BF16 register tiles): x and W carry bf16 rounding, the
-// products are exact and summed in float32; never a dequantized copy of the whole matrix.
-#ifdef __AVX512F__
-// v[i] = lanes i of v[0..15] (a 16 x 16 transpose of 32-bit values): 32-bit and 64-bit unpacks give each
-// 128-bit lane 4 rows of one column, then a 4 x 4 transpose of those lanes.
-inline void Transpose16x16(__m512i v[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // v[4 i + j], lane L: rows 4 i .. 4 i + 3 of column 4 L + j
-    v[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {  // column 4 L + j, lane g: v[4 g + j]'s lane L
-    const __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x44), b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xEE);
-    const __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x44), d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xEE);
-    t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-    t[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
-    t[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) v[i] = t[i];
-}
-#endif
-
-void PanelProduct(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t qtype, int64_t N, float* y) {
-  // A panel is written 16 rows at a time: each row dequantized (in L1) and rounded to bf16 pairs, then 16
-  // pairs of the 16 rows transposed in registers into 16 of the panel's 64-byte lines.
-  constexpr int64_t kRows = 16;
-  const int64_t K2 = K / 2, stride = K2 + 16;  // a row's pairs padded by a line: no 4 KB aliasing of the 16 rows
-  const auto panel = [&](int64_t p, uint16_t* out) {
-    thread_local std::vector<float> row;
-    thread_local std::vector<uint32_t> rounded;  // [16, stride] bf16 pairs of 16 rows
-    row.resize(K);
-    rounded.resize(kRows * stride);
-    uint32_t* pairs = reinterpret_cast<uint32_t*>(out);  // [K / 2, 64]: row c's pair k2 at k2 * 64 + c
-    for (int64_t c0 = 0; c0 < packed::kPanel; c0 += kRows) {
-      for (int64_t r = 0; r < kRows; ++r) {
-        const int64_t n = p * packed::kPanel + c0 + r;
-        if (n < N) {
-          DequantWeightRow(w, qtype, K, n, row.data());
-        } else {
-          std::fill(row.begin(), row.end(), 0.f);
-        }
-        fd_cpu::RoundRow(row.data(), K, reinterpret_cast<uint16_t*>(rounded.data() + r * stride));
-      }
-#ifdef __AVX512F__
-      for (int64_t k2 = 0; k2 < K2; k2 += 16) {  // K2 is a multiple of 16 (K of 32)
-        __m512i v[16];
-        for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_si512(rounded.data() + r * stride + k2);
-        Transpose16x16(v);
-        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(pairs + (k2 + i) * packed::kPanel + c0, v[i]);
-      }
-#else
-      for (int64_t k2 = 0; k2 < K2; ++k2)
-        for (int64_t r = 0; r < kRows; ++r) pairs[k2 * packed::kPanel + c0 + r] = rounded[r * stride + k2];
-#endif
-    }
-  };
-  SourcedPanelLinear(x, M, K, N, panel, y);
-}
 
 }  // namespace
 
@@ -214,24 +158,7 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
   const float* xd = x.data<float>();
   const uint8_t* wd = weight.data<uint8_t>();
   float* yd = y.data<float>();
-  if (M >= PanelFromRows(qtype)) {
-    PanelProduct(xd, M, K, wd, qtype, N, yd);
-    return {y};
-  }
   const bool parallel = M * N * K >= kParallelWork;
-  if (rf.values > 0) {
-#pragma omp parallel if (parallel)
-    {
-#ifdef _OPENMP
-      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
-#else
-      const int64_t threads = 1, id = 0;
-#endif
-      const int64_t n0 = N * id / threads, n1 = N * (id + 1) / threads;
-      if (n0 < n1) RowMajorProduct(xd, M, K, wd, qtype, N, n0, n1, yd);
-    }
-    return {y};
-  }
 #ifdef __AVX512F__
   const bool wide = M >= kWideM;
 #else

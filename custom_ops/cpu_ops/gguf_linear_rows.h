@@ -1,6 +1,6 @@
-// gguf_linear's kernel for the row-major types (gguf_rows.h) and few rows of x, and the row dequantization
-// every GGUF type shares (the bf16 panels of many rows, gguf_linear.cc; the embedding lookup,
-// gguf_embedding.cc).
+// gguf_linear's kernel for the row-major types (gguf_rows.h) and fewer than kWideM rows of x (more: the
+// broadcast kernel of gguf_linear_wide.h), and the dequantization of one row of any GGUF type (the
+// embedding lookup, gguf_embedding.cc).
 //
 // RowMajorRows: per W row, 256 values at a time (a K-quant block, or 8 Q5_0 / Q5_1 blocks) are dequantized
 // into a 1 KB float32 buffer (L1) to gguf-py's values and multiplied with every row of x by float32 FMAs
@@ -18,8 +18,6 @@
 #include "gguf_rows.h"
 
 namespace {
-
-constexpr int64_t kMaxRowMajorM = 64;  // most rows of x RowMajorRows takes (gguf_linear.cc's dispatch sends fewer)
 
 // Row n of a row-major W of type QT ([N, K / values blocks]) -> out[K] float32
 template <int64_t QT>
@@ -56,7 +54,7 @@ inline void DequantWeightRow(const uint8_t* w, int64_t qtype, int64_t K, int64_t
 #endif
 }
 
-// y[m, n] = x[m] . W[n] for rows n0 .. n1 of a row-major W of type QT and M <= kMaxRowMajorM rows of x.
+// y[m, n] = x[m] . W[n] for rows n0 .. n1 of a row-major W of type QT and M < kWideM rows of x (AVX-512; any M portable).
 template <int64_t QT>
 void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t n0, int64_t n1,
                   float* y) {
@@ -65,7 +63,7 @@ void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
   const int64_t blocks = K / f.values, per_step = kMaxBlockValues / f.values;
   alignas(64) float buf[kMaxBlockValues];
 #ifdef __AVX512F__
-  __m512 acc[kMaxRowMajorM];
+  __m512 acc[kWideM];
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     const uint8_t* row = w + n * blocks * f.bytes;

@@ -152,15 +152,12 @@ inline float FinishOne(const float* acc, const Epilogue& out, int64_t c) {
 }
 
 // ---- portable path ---------------------------------------------------------------------------------
-// bf16_panel: the panel's values as bf16 [K / 2, 128] (SourcedPanelLinear), else nullptr: read from w.
 void PortablePanel(const uint16_t* xb, int64_t M, int64_t K, const uint8_t* w, const Layout& l, int64_t kind,
-                   int64_t p, int64_t N, const Epilogue& out, float* y, std::vector<float>& tile,
-                   const uint16_t* bf16_panel = nullptr) {
+                   int64_t p, int64_t N, const Epilogue& out, float* y, std::vector<float>& tile) {
   tile.resize(K * kPanel);  // [K, 64] float32 values of this panel
   for (int64_t k2 = 0; k2 < l.k2; ++k2)
     for (int64_t lane = 0; lane < 2 * kPanel; ++lane)
-      tile[(2 * k2 + lane % 2) * kPanel + lane / 2] =
-          bf16_panel ? Bf16ToFloat(bf16_panel[k2 * 128 + lane]) : PackedValue(w, l, kind, p, k2, lane);
+      tile[(2 * k2 + lane % 2) * kPanel + lane / 2] = PackedValue(w, l, kind, p, k2, lane);
   const int64_t width = OutWidth(out.activation), cols = std::min(width, N - p * width);
   float acc[kPanel];
   for (int64_t m = 0; m < M; ++m) {
@@ -401,11 +398,9 @@ inline int64_t RowBlock(int64_t K2) {
   return std::clamp<int64_t>(rows, 8 * kMaxTileRows, 85 * kMaxTileRows);
 }
 
-// source: W's bf16 panels come from it (SourcedPanelLinear; M > kMaxTileRows), else nullptr: from w.
 template <int64_t KIND>
 void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const uint8_t* w, const Layout& l, int64_t N,
-            const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y,
-            const PanelSource* source = nullptr) {
+            const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   const bool swiglu = activation == kSwiGlu;
   const int64_t width = OutWidth(activation);
@@ -425,17 +420,14 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
     return;
   }
   const int64_t block = RowBlock(K2), items = (M + block - 1) / block * l.panels;
-  std::vector<uint16_t> bf16_panel(KIND != kBf16 || source ? K2 * 128 : 0);
+  std::vector<uint16_t> bf16_panel(KIND != kBf16 ? K2 * 128 : 0);
   std::vector<float> sums(swiglu ? block * kPanel : 0);  // [block, 64]
   for (int64_t item = next++; item < items; item = next++) {
     const int64_t p = item % l.panels, r0 = item / l.panels * block, rows = std::min(block, M - r0);
     const uint8_t* panel = w + p * l.panel_bytes;
     const Epilogue out = EpilogueOf(w, l, KIND, bias, activation, N, p);
     const int64_t cols = std::min(width, N - p * width);
-    if (source) {
-      (*source)(p, bf16_panel.data());
-      panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
-    } else if constexpr (KIND != kBf16) {
+    if constexpr (KIND != kBf16) {
       ToBf16Panel<KIND>(panel, all_scales + p * l.scale_floats_per_panel, K2, bf16_panel.data());
       panel = reinterpret_cast<const uint8_t*>(bf16_panel.data());
     }
@@ -562,13 +554,12 @@ void AmxManyRows(const uint16_t* x, int64_t ldx, int64_t rows, const uint16_t* p
 // past K / 2 stay zero (no tile reads past K), once per work item.
 template <int64_t KIND>
 void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uint8_t* w, const Layout& l,
-               int64_t N, const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y,
-               const PanelSource* source = nullptr) {
+               int64_t N, const float* bias, int64_t activation, std::atomic<int64_t>& next, float* y) {
   const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows, steps = ldx / kAmxStepK;
   const bool many = rows > kAmxManyRowsFrom;
   const int64_t block = many ? kAmxBlockRows : rows, blocks = (rows + block - 1) / block, items = blocks * l.panels;
   const int64_t group = many ? std::clamp<int64_t>(kAmxGroupBytes / (ldx * 2 * kPanel), 1, l.panels) : l.panels;
-  const bool copy = source || KIND != kBf16 || 2 * K2 != ldx;
+  const bool copy = KIND != kBf16 || 2 * K2 != ldx;
   const bool stream = M * N * static_cast<int64_t>(sizeof(float)) >= kStreamBytes;  // StoreRows
   const int64_t width = OutWidth(activation);
   std::vector<uint16_t> bf16_buffer(copy ? ldx * kPanel + 32 : 0);
@@ -585,10 +576,7 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
     const int64_t p = first + in_group % size, r0 = in_group / size * block, block_rows = std::min(block, rows - r0);
     const float* panel_scales = all_scales + p * l.scale_floats_per_panel;
     const uint16_t* panel = reinterpret_cast<const uint16_t*>(w + p * l.panel_bytes);
-    if (source) {
-      (*source)(p, bf16_panel);
-      panel = bf16_panel;
-    } else if (copy) {
+    if (copy) {
       ToBf16Panel<KIND>(w + p * l.panel_bytes, panel_scales, K2, bf16_panel);
       panel = bf16_panel;
     }
@@ -611,11 +599,35 @@ void AmxPanels(const uint16_t* xb, int64_t M, int64_t ldx, int64_t K2, const uin
 #endif
 #endif
 
-// The op's work after its checks: x rounded to bf16, then the panels on the team (AMX, AVX512-BF16 or
-// portable). source: W's bf16 panels come from it (SourcedPanelLinear: kind kBf16, no w), else nullptr.
-void Compute(const float* xd, int64_t M, int64_t K, int64_t N, int64_t rows_w, int64_t kind, const Layout& l,
-             const uint8_t* wd, const float* bd, int64_t activation, bool portable, const PanelSource* source,
-             float* yd) {
+}  // namespace
+
+std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                         const paddle::Tensor& bias, int64_t kind, int64_t out_features,
+                                         bool portable, int64_t activation) {
+  PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
+  PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
+           " (wint4), got ", kind);
+  PD_CHECK(activation == kNoActivation || activation == kQuickGelu || activation == kSwiGlu,
+           "packed_linear: activation must be ", kNoActivation, " (none), ", kQuickGelu, " (quick_gelu) or ", kSwiGlu,
+           " (swiglu), got ", activation);
+  const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features, rows_w = WeightRows(activation, N);
+  const Layout l = LayoutOf(kind, rows_w, K);
+  PD_CHECK(K % 2 == 0 && (kind != kWint4 || K % kInt4Group == 0), "packed_linear: in_features ", K,
+           " must be even (a multiple of ", kInt4Group, " for wint4)");
+  PD_CHECK(weight.dtype() == paddle::DataType::UINT8 && weight.numel() == l.TotalBytes(), "packed_linear: weight of ",
+           weight.numel(), " bytes does not hold ", rows_w, " x ", K, " packed values of kind ", kind, " (",
+           l.TotalBytes(), " bytes)");
+  const int64_t bias_n = activation == kSwiGlu ? 2 * N : N;
+  PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == bias_n),
+           "packed_linear: bias must be float32 [", bias_n, "] or empty, got ", bias.numel(), " values");
+  const float* bd = bias.numel() == 0 ? nullptr : bias.data<float>();
+  std::vector<int64_t> out_shape = x.shape();
+  out_shape.back() = N;
+  auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (M == 0) return {y};
+  const float* xd = x.data<float>();
+  const uint8_t* wd = weight.data<uint8_t>();
+  float* yd = y.data<float>();
 #ifdef __AVX512BF16__
   const bool fast = !portable;
 #else
@@ -647,7 +659,7 @@ void Compute(const float* xd, int64_t M, int64_t K, int64_t N, int64_t rows_w, i
     if (amx) {
 #ifdef FD_AMX
       switch (kind) {
-        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd, source); break;
+        case kBf16: AmxPanels<kBf16>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
         case kWint8: AmxPanels<kWint8>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
         default: AmxPanels<kWint4>(xb, M, ldx, l.k2, wd, l, N, bd, activation, next, yd); break;
       }
@@ -656,59 +668,17 @@ void Compute(const float* xd, int64_t M, int64_t K, int64_t N, int64_t rows_w, i
 #ifdef __AVX512BF16__
       const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb);
       switch (kind) {
-        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, bd, activation, next, yd, source); break;
+        case kBf16: Panels<kBf16>(pairs, nullptr, M, l.k2, wd, l, N, bd, activation, next, yd); break;
         case kWint8: Panels<kWint8>(pairs, xf.data(), M, l.k2, wd, l, N, bd, activation, next, yd); break;
         default: Panels<kWint4>(pairs, nullptr, M, l.k2, wd, l, N, bd, activation, next, yd); break;
       }
 #endif
     } else {
       std::vector<float> tile;
-      std::vector<uint16_t> bf16_panel(source ? l.k2 * 2 * kPanel : 0);
-      for (int64_t p = next++; p < l.panels; p = next++) {
-        if (source) (*source)(p, bf16_panel.data());
-        PortablePanel(xb, M, K, wd, l, kind, p, N, EpilogueOf(wd, l, kind, bd, activation, N, p), yd, tile,
-                      source ? bf16_panel.data() : nullptr);
-      }
+      for (int64_t p = next++; p < l.panels; p = next++)
+        PortablePanel(xb, M, K, wd, l, kind, p, N, EpilogueOf(wd, l, kind, bd, activation, N, p), yd, tile);
     }
   }
-}
-
-}  // namespace
-
-void SourcedPanelLinear(const float* x, int64_t M, int64_t K, int64_t N, const PanelSource& panel, float* y) {
-  PD_CHECK(M > kMaxTileRows && K % 2 == 0, "SourcedPanelLinear: needs more than ", kMaxTileRows,
-           " rows and an even K, got ", M, " x ", K);
-  Compute(x, M, K, N, N, kBf16, LayoutOf(kBf16, N, K), nullptr, nullptr, kNoActivation, false, &panel, y);
-}
-
-std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
-                                         const paddle::Tensor& bias, int64_t kind, int64_t out_features,
-                                         bool portable, int64_t activation) {
-  PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "packed_linear: x must be float32 on CPU");
-  PD_CHECK(KnownKind(kind), "packed_linear: kind must be ", kBf16, " (bf16), ", kWint8, " (wint8) or ", kWint4,
-           " (wint4), got ", kind);
-  PD_CHECK(activation == kNoActivation || activation == kQuickGelu || activation == kSwiGlu,
-           "packed_linear: activation must be ", kNoActivation, " (none), ", kQuickGelu, " (quick_gelu) or ", kSwiGlu,
-           " (swiglu), got ", activation);
-  const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features, rows_w = WeightRows(activation, N);
-  const Layout l = LayoutOf(kind, rows_w, K);
-  PD_CHECK(K % 2 == 0 && (kind != kWint4 || K % kInt4Group == 0), "packed_linear: in_features ", K,
-           " must be even (a multiple of ", kInt4Group, " for wint4)");
-  PD_CHECK(weight.dtype() == paddle::DataType::UINT8 && weight.numel() == l.TotalBytes(), "packed_linear: weight of ",
-           weight.numel(), " bytes does not hold ", rows_w, " x ", K, " packed values of kind ", kind, " (",
-           l.TotalBytes(), " bytes)");
-  const int64_t bias_n = activation == kSwiGlu ? 2 * N : N;
-  PD_CHECK(bias.numel() == 0 || (bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == bias_n),
-           "packed_linear: bias must be float32 [", bias_n, "] or empty, got ", bias.numel(), " values");
-  const float* bd = bias.numel() == 0 ? nullptr : bias.data<float>();
-  std::vector<int64_t> out_shape = x.shape();
-  out_shape.back() = N;
-  auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  if (M == 0) return {y};
-  const float* xd = x.data<float>();
-  const uint8_t* wd = weight.data<uint8_t>();
-  float* yd = y.data<float>();
-  Compute(xd, M, K, N, rows_w, kind, l, wd, bd, activation, portable, nullptr, yd);
   return {y};
 }
 

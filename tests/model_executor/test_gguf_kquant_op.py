@@ -1,11 +1,10 @@
-"""The compiled `gguf_linear` and `gguf_embedding` ops on GGUF's row-major types (Q5_0, Q5_1, Q2_K..Q6_K)
-and the bf16 panel path every GGUF type takes for many rows, against gguf-py and numpy.
+"""The compiled `gguf_linear` and `gguf_embedding` ops on GGUF's row-major types (Q5_0, Q5_1, Q2_K..Q6_K),
+fd_moe_mlp on K-quant experts, and GGUFConfig's method per type, against gguf-py and numpy.
 
 Oracle: gguf-py's `dequantize` (what transformers loads from a GGUF file) on random but valid blocks
 (random quant bytes, small float16 scales: gguf-py has no K-quant quantizer), and float64 numpy matmuls.
-Few rows: the op's weights are gguf-py's float32 values bit for bit, products summed in float32
-(1e-5 of sum_k |x||w|). Many rows: x and W rounded to bf16 (nearest even) before a float64 product, the
-packed formats' contract (1e-5 of the same sum on the rounded values).
+The op's weights are gguf-py's float32 values bit for bit, products summed in float32 at every row count
+(1e-5 of sum_k |x||w|).
 """
 import gguf
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear
 from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
-from fastdeploy.model_executor.layers.quantization.packed import bf16_bits, bf16_values
+from fastdeploy.model_executor.layers.quantization.packed import bf16_bits
 from fastdeploy.model_executor.model_loader.quantized import (Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,
                                                               Q8_0, ROW_MAJOR_BLOCKS, QuantizedTensor)
 from fastdeploy.model_executor.ops import compiled_op
@@ -25,7 +24,6 @@ ROW_MAJOR = {"Q5_0": Q5_0, "Q5_1": Q5_1, "Q2_K": Q2_K, "Q3_K": Q3_K, "Q4_K": Q4_
 # byte offsets of each block's float16 fields: (scales, signed offsets); scales small and positive
 HALF_FIELDS = {Q5_0: ([0], []), Q5_1: ([0], [2]), Q2_K: ([80, 82], []), Q3_K: ([108], []), Q4_K: ([0, 2], []),
                Q5_K: ([0, 2], []), Q6_K: ([208], [])}
-PANEL_FROM = {"row_major": 7, "interleaved": 1 << 62}  # gguf_linear.cc PanelFromRows (interleaved: never)
 
 
 def random_blocks(rng, rows: int, cols: int, qtype: int) -> QuantizedTensor:
@@ -65,13 +63,6 @@ def assert_close(y, x, w):
     assert np.all(np.abs(y - ref) <= bound), f"max error {np.abs(y - ref).max():.3g}"
 
 
-def expected_inputs(x, w: QuantizedTensor):
-    """(x, W) as the op multiplies them for x's row count: float32, or both rounded to bf16."""
-    dense = w.dequantize()
-    panel_from = PANEL_FROM["row_major" if w.qtype in ROW_MAJOR_BLOCKS else "interleaved"]
-    return (bf16_values(x), bf16_values(dense)) if len(x) >= panel_from else (x, dense)
-
-
 @pytest.mark.parametrize("name", sorted(ROW_MAJOR))
 def test_dequantized_rows_equal_gguf_py_bit_for_bit(name):
     w = random_blocks(np.random.default_rng(3), 37, 512, ROW_MAJOR[name])
@@ -89,7 +80,7 @@ def test_interleaved_rows_equal_gguf_py(name):
 
 
 @pytest.mark.parametrize("name", sorted(ROW_MAJOR))
-@pytest.mark.parametrize("m", [1, 3, 6, 7, 33, 300])
+@pytest.mark.parametrize("m", [1, 3, 15, 16, 33, 300])
 @pytest.mark.parametrize("n,blocks", [(1, 1), (67, 3), (130, 2)])
 def test_row_major_op_matches_numpy(name, m, n, blocks):
     qtype = ROW_MAJOR[name]
@@ -99,20 +90,7 @@ def test_row_major_op_matches_numpy(name, m, n, blocks):
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = compiled("gguf_linear")(paddle.to_tensor(x), weight_of(w), qtype, n).numpy()
     assert y.shape == (m, n)
-    assert_close(y, *expected_inputs(x, w))
-
-
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
-@pytest.mark.parametrize("m", [63, 64, 65, 200])
-def test_many_rows_run_bf16_panels_for_row_major_types(name, m):
-    qtype = {"Q4_0": Q4_0, "Q4_1": Q4_1, "Q8_0": Q8_0, "Q4_K": Q4_K}[name]
-    rng = np.random.default_rng(m)
-    w = quantized(rng, 131, 256, qtype)
-    x = rng.standard_normal((m, 256)).astype(np.float32)
-    y = compiled("gguf_linear")(paddle.to_tensor(x), weight_of(w), qtype, 131).numpy()
-    assert_close(y, *expected_inputs(x, w))
-    bf16 = qtype in ROW_MAJOR_BLOCKS  # the interleaved types stay in float32 at every row count
-    assert np.allclose(y, x @ w.dequantize().T, rtol=1e-6, atol=1e-6) != bf16
+    assert_close(y, x, w.dequantize())
 
 
 def test_row_major_op_rejects_bad_input():
@@ -146,15 +124,14 @@ def test_gguf_method_keeps_the_files_rows(name):
     dense = np.concatenate([p.dequantize() for p in parts])
     for m in (2, 100):
         x = rng.standard_normal((m, 256)).astype(np.float32)
-        assert_close(layer(paddle.to_tensor(x)).numpy(), *expected_inputs(x, QuantizedTensor(
-            np.concatenate([p.blocks for p in parts]), qtype, 256)))
+        assert_close(layer(paddle.to_tensor(x)).numpy(), x, dense)
     ids = paddle.to_tensor(np.array([31, 0], np.int64))  # a tied embedding's lookup reads the same blocks
     np.testing.assert_array_equal(layer.method.rows(layer, ids).numpy(), dense[[31, 0]])
 
 
 def test_moe_mlp_with_k_quant_experts_equals_numpy():
     """fd_moe_mlp's experts as Q4_K gate_up and Q6_K down blocks (typed_linear.cc): a float64 reference
-    on gguf-py's dequantized weights, each expert's few tokens in float32 (below 7 rows a call)."""
+    on gguf-py's dequantized weights."""
     hidden, inter, experts, top_k = 256, 256, 4, 2
     rng = np.random.default_rng(11)
     x = rng.standard_normal((6, hidden)).astype(np.float32)

@@ -148,7 +148,7 @@ def test_linear_rejects_a_wrong_shape_and_a_type_the_header_did_not_announce():
 
 
 def test_quantized_weight_stays_in_blocks_and_float32_for_many_rows():
-    """Q4_0 / Q4_1 / Q8_0 at any row count: float32 kernels on the blocks, no dense copy of the weight."""
+    """At any row count: float32 kernels on the blocks, no dense copy of the weight."""
     rng = np.random.default_rng(8)
     layer, dense = fused(rng, [(24, Q4_1), (8, Q4_1)])
     for rows in (63, 64, 300):

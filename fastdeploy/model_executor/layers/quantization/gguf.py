@@ -14,14 +14,10 @@ tensor's type before any data is read, so each Linear's method is decided when t
 GGUFLinearMethod's weight parameter holds Q4_0 / Q4_1 / Q8_0 rearranged once by `gguf_interleave_rows`
 into groups of 4 rows with float32 scales ([ceil(out / 4), in / 32 * group bytes] uint8), and the other
 types as the file stores them, row-major ([out, in / values * block bytes] uint8: loading copies each
-shard's rows, so the layer holds the file's bytes). The op decides per call which kernel runs
-(custom_ops/cpu_ops/gguf_linear.cc `PanelFromRows`): the weights are dequantized in registers / L1 to
-exactly gguf-py's `dequantize` values and multiplied in float32, the same function as a float32 matmul
-on the dequantized matrix up to the order of the sums: Q4_0 / Q4_1 / Q8_0 at every row count, the
-row-major types below 7 rows of x. From 7 rows the row-major types' W is dequantized 64 rows at a time
-into a bf16 panel for the packed bf16 kernels (AMX or AVX512-BF16), never as a whole, and the result
-carries bf16 rounding of x and of the dequantized W (products exact, float32 sums), as the packed
-formats do. No float32 copy of a weight is made.
+shard's rows, so the layer holds the file's bytes). The op (custom_ops/cpu_ops/gguf_linear.cc)
+dequantizes the weights in registers / L1 to exactly gguf-py's `dequantize` values and multiplies them
+in float32 at every row count, choosing its kernel by the rows of x: the same function as a float32
+matmul on the dequantized matrix up to the order of the sums, without a float32 copy of the weight.
 """
 from typing import Callable, Optional, Sequence
 
