@@ -17,7 +17,7 @@ ROW_MAJOR_BLOCKS = {Q5_0: (32, 22), Q5_1: (32, 24), Q2_K: (256, 84), Q3_K: (256,
                     Q5_K: (256, 176), Q6_K: (256, 210)}
 ROW_MAJOR_QTYPES = tuple(ROW_MAJOR_BLOCKS)
 LINEAR_QTYPES = INTERLEAVED_QTYPES + ROW_MAJOR_QTYPES
-FLOAT_QTYPES = (F32, F16, BF16)  # matrices gguf-py reads as floats: dense float32, or packed bf16 (BF16)
+FLOAT_QTYPES = (F32, F16, BF16)  # matrices gguf-py reads as floats (dense float32)
 
 # GGUF bytes per block: (scale and minimum bytes, quant bytes) as float16 headers then quants
 _GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}

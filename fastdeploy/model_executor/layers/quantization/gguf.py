@@ -7,9 +7,10 @@ tensor's type before any data is read, so each Linear's method is decided when t
   * `GGUFLinearMethod` when all the checkpoint tensors it packs are of one type the op computes on
     (model_loader/quantized.py LINEAR_QTYPES: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
     Q6_K) and the compiled ops are available (not built, or built under `fallbacks_forced()`: no);
-  * the packed bf16 method (layers/quantization/packed.py) for BF16 matrices: exact, 2 bytes a weight;
-  * else the dense float32 method: F16 / F32 matrices, a Linear whose parts differ in type (dequantized
-    once at load), or no compiled op.
+  * else the dense float32 method: F16 / BF16 / F32 matrices (BF16 too: the packed bf16 method would
+    hold half the bytes but rounds x to bf16, which moved a tiny ERNIE-4.5-MoE's prefill logits 6e-3
+    relative from transformers' float32 ones), a Linear whose parts differ in type (dequantized once at
+    load), or no compiled op.
 
 GGUFLinearMethod's weight parameter holds Q4_0 / Q4_1 / Q8_0 rearranged once by `gguf_interleave_rows`
 into groups of 4 rows with float32 scales ([ceil(out / 4), in / 32 * group bytes] uint8), and the other
@@ -27,8 +28,8 @@ import paddle
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers.linear import Linear, LinearMethod, QuantConfig, UnquantizedLinearMethod, epilogue
 from fastdeploy.model_executor.layers.parameters import empty_parameter
-from fastdeploy.model_executor.model_loader.quantized import (BF16, INTERLEAVED_QTYPES, LINEAR_QTYPES,
-                                                              QuantizedTensor, block_shape)
+from fastdeploy.model_executor.model_loader.quantized import (INTERLEAVED_QTYPES, LINEAR_QTYPES, QuantizedTensor,
+                                                              block_shape)
 from fastdeploy.model_executor.ops import compiled_op
 
 
@@ -40,10 +41,6 @@ class GGUFConfig(QuantConfig):
 
     def linear_method(self, checkpoint_names: Sequence[str]) -> LinearMethod:
         types = {self.tensor_types.get(name) for name in checkpoint_names}
-        if types == {BF16}:
-            from fastdeploy.model_executor.layers.quantization.packed import PackedConfig
-
-            return PackedConfig(BF16).linear_method(checkpoint_names)
         linear, interleave = compiled_op("gguf_linear"), compiled_op("gguf_interleave_rows")
         if len(types) != 1 or not types <= set(LINEAR_QTYPES) or linear is None or interleave is None:
             return UnquantizedLinearMethod()  # float tensors, mixed types, or no compiled op
