@@ -1,7 +1,8 @@
 // The weight layout gguf_linear reads and gguf_interleave_rows writes (gguf_linear.cc's header
 // describes it): ggml's type ids, the bytes of a block and of a group's block column, the address of
-// one row's block, and its dequantization to float32 (AVX-512: in registers; gguf_linear.cc holds the
-// portable path). Shared by gguf_interleave.cc and gguf_linear.cc with its kernel headers.
+// one row's block, and its dequantization to float32 (AVX-512: in registers; DequantBlockScalar
+// without), and the IEEE half every GGUF scale is stored as (Half). Shared by gguf_interleave.cc and
+// gguf_linear.cc with its kernel headers (gguf_rows.h too).
 // In an unnamed namespace, as when this code lived in gguf_linear.cc: internal to each file that
 // includes it, so the compiler inlines it as before and the module exports none of it.
 #pragma once
@@ -9,12 +10,33 @@
 #include <immintrin.h>
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "paddle/extension.h"
 
 namespace {
+
+// IEEE half at p -> float
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
+  if (exponent == 0) {  // zero or subnormal
+    const float v = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
+                                       : sign | ((exponent + 112) << 23) | (mantissa << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = 4;                 // rows interleaved per group
@@ -91,6 +113,28 @@ void DequantRow(const uint8_t* wq, const Format& f, int64_t blocks, int64_t n, i
     _mm512_storeu_ps(w + b * kBlock + 16, w1);
   }
 }
+#endif
+
+#ifndef __AVX512F__
+// ---- portable dequantization of one block into 32 floats ----------------------------------------
+inline void DequantBlockScalar(const BlockRef& ref, int64_t qtype, float* w) {
+  if (qtype == kQ8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(ref.q);
+    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]) * ref.d;
+    return;
+  }
+  for (int j = 0; j < 16; ++j) {
+    const int lo = ref.q[j] & 15, hi = ref.q[j] >> 4;
+    if (qtype == kQ4_1) {
+      w[j] = static_cast<float>(lo) * ref.d + ref.m;
+      w[j + 16] = static_cast<float>(hi) * ref.d + ref.m;
+    } else {
+      w[j] = static_cast<float>(lo - 8) * ref.d;
+      w[j + 16] = static_cast<float>(hi - 8) * ref.d;
+    }
+  }
+}
+
 #endif
 
 inline void CheckWeight(const paddle::Tensor& weight, int64_t qtype, const Format& f, const char* op) {

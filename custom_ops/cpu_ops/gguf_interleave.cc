@@ -14,30 +14,6 @@
 #include "gguf_blocks.h"
 #include "paddle/extension.h"
 
-namespace {
-
-// IEEE half at p -> float
-inline float Half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-#ifdef __F16C__
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023;
-  if (exponent == 0) {  // zero or subnormal
-    const float v = std::ldexp(static_cast<float>(mantissa), -24);
-    return sign ? -v : v;
-  }
-  const uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
-                                       : sign | ((exponent + 112) << 23) | (mantissa << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-#endif
-}
-
-}  // namespace
-
 std::vector<paddle::Tensor> GgufInterleaveRows(const paddle::Tensor& blocks, int64_t qtype) {
   const Format f = FormatOf(qtype);
   CheckWeight(blocks, qtype, f, "gguf_interleave_rows");

@@ -1,29 +1,38 @@
 // Linear layer on weights kept in llama.cpp's GGUF block formats, CPU, float32 activations.
 //
-//   y[M, N] = x[M, K] @ W^T,   W [N, K] quantized in blocks of 32 weights along K
+//   y[M, N] = x[M, K] @ W^T,   W [N, K] quantized in blocks along K
 //
-// Block formats (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`; per block a scale d, for Q4_1 a minimum m):
-//   Q4_0: 16 bytes of nibbles;  w[j] = (lo4(qs[j]) - 8) * d, w[j+16] = (hi4(qs[j]) - 8) * d
-//   Q4_1: 16 bytes of nibbles;  w[j] = lo4(qs[j]) * d + m,   w[j+16] = hi4(qs[j]) * d + m
-//   Q8_0: 32 int8;              w[j] = qs[j] * d
+// Two layouts, by type (ggml's type id `qtype`):
+//   * Q4_0, Q4_1, Q8_0 (ggml's `block_q4_0`, `block_q4_1`, `block_q8_0`; 32 weights, a scale d, for Q4_1 a
+//     minimum m), rearranged once at load by `gguf_interleave_rows` (below):
+//       Q4_0: 16 bytes of nibbles;  w[j] = (lo4(qs[j]) - 8) * d, w[j+16] = (hi4(qs[j]) - 8) * d
+//       Q4_1: 16 bytes of nibbles;  w[j] = lo4(qs[j]) * d + m,   w[j+16] = hi4(qs[j]) * d + m
+//       Q8_0: 32 int8;              w[j] = qs[j] * d
+//   * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: row-major as the file stores them, [N, K / values * block
+//     bytes] (gguf_rows.h gives each format).
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
-// (product and sum rounded separately, no fused multiply-add), so the layer computes the same
-// function as a float32 matmul on the dequantized matrix; only the summation order differs.
+// (product and sum rounded separately, no fused multiply-add), so the layer computes the same function
+// as a float32 matmul on the dequantized matrix at every row count; only the summation order differs.
+// No float32 copy of W is made.
 //
-// Layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
+// Interleaved layout (`gguf_interleave_rows` makes it from GGUF's row-major blocks, once at load): rows in groups
 // of 4 (the last padded with zero rows); per group and block column, the 4 rows' scales as float32
 // (d[4], then m[4] for Q4_1) followed by their 4 quant runs. A thread then reads one sequential
 // stream, the scales need no half-to-float conversion in the inner loop, and software prefetch runs
 // kPrefetchBytes ahead: a batch-1 decode of the default model's layers went from 8.3 to ~4 ms here.
 //
-// Paths: M < 4 (decode of a few sequences) dequantizes each block into registers and uses it for every
-// row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and runs a register-
-// blocked dot-product kernel over it; M >= 16 broadcasts each dequantized weight against 16 rows of x.
-// Threads split N (OpenMP) when the work is large.
+// Paths: M < 4 (decode of a few sequences) on the interleaved types dequantizes each block into registers
+// and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
+// runs a register-blocked dot-product kernel over it; the row-major types below 16 rows dequantize 256
+// values of a row at a time into L1 and multiply them with each row of x (gguf_linear_rows.h); M >= 16,
+// every type, broadcasts each dequantized weight against 16 rows of x (gguf_linear_wide.h, on chunks of
+// W rows dequantized by the type's function). Threads split N (OpenMP) when the work is large.
 //
 // Files: gguf_linear.cc (this one: the op, its dispatch and the portable path), gguf_blocks.h (the
-// layout and block dequantization), gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16),
-// gguf_interleave.cc (the gguf_interleave_rows op).
+// interleaved layout and its block dequantization), gguf_rows.h (the row-major formats and theirs),
+// gguf_linear_narrow.h (M < 16), gguf_linear_wide.h (M >= 16), gguf_linear_rows.h (the row-major kernel
+// below 16 rows, one row of any type dequantized), gguf_interleave.cc (the gguf_interleave_rows op), gguf_embedding.cc
+// (rows dequantized at lookup).
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -37,6 +46,7 @@
 
 #include "gguf_blocks.h"
 #include "gguf_linear_narrow.h"
+#include "gguf_linear_rows.h"
 #include "gguf_linear_wide.h"
 #include "paddle/extension.h"
 
@@ -57,44 +67,53 @@ void RowsOf(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64
     case 3: SmallGroups<3, QT>(x, w, K, N, g0, g1, y); return;
     default:
       if (xt != nullptr) {
-        WideM<QT>(xt, Mp, w, M, K, N, n0, n1, y, tile);
+        const Format f = FormatOf(QT);
+        const int64_t blocks = K / kBlock;
+        const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
+          DequantRow<QT>(w, f, blocks, n, k0 / kBlock, kc / kBlock, out);
+        };
+        WideM(xt, Mp, dequant, w, blocks * f.group_bytes / kGroup, M, K, N, n0, n1, y, tile);
       } else {
         LargeM<QT>(x, w, M, K, N, n0, n1, y, tile);
       }
   }
 }
 
+// A row-major type: below kWideM rows gguf_linear_rows.h's kernel, else the broadcast kernel on chunks of
+// rows dequantized a block (256 values, or 32 for Q5_0 / Q5_1) at a time.
+template <int64_t QT>
+void RowMajorRowsOf(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, int64_t N,
+                    int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
+  if (xt == nullptr) return RowMajorRows<QT>(x, M, K, w, N, n0, n1, y);
+  const RowFormat f = RowFormatOf(QT);
+  const int64_t row_bytes = K / f.values * f.bytes;
+  const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
+    const uint8_t* block = w + n * row_bytes + k0 / f.values * f.bytes;
+    for (int64_t k = 0; k < kc; k += f.values, block += f.bytes) DequantRowBlock<QT>(block, out + k);
+  };
+  WideM(xt, Mp, dequant, w, row_bytes, M, K, N, n0, n1, y, tile);
+}
+
 void Rows(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t qtype, int64_t M, int64_t K,
           int64_t N, int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   switch (qtype) {
+    case kQ5_0: RowMajorRowsOf<kQ5_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ5_1: RowMajorRowsOf<kQ5_1>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ2_K: RowMajorRowsOf<kQ2_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ3_K: RowMajorRowsOf<kQ3_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ4_K: RowMajorRowsOf<kQ4_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ5_K: RowMajorRowsOf<kQ5_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
+    case kQ6_K: RowMajorRowsOf<kQ6_K>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     case kQ4_0: RowsOf<kQ4_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     case kQ4_1: RowsOf<kQ4_1>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
     default: RowsOf<kQ8_0>(x, xt, Mp, w, M, K, N, n0, n1, y, tile); return;
   }
 }
 #else
-// ---- portable dequantization of one block into 32 floats ----------------------------------------
-inline void DequantBlockScalar(const BlockRef& ref, int64_t qtype, float* w) {
-  if (qtype == kQ8_0) {
-    const int8_t* q = reinterpret_cast<const int8_t*>(ref.q);
-    for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(q[j]) * ref.d;
-    return;
-  }
-  for (int j = 0; j < 16; ++j) {
-    const int lo = ref.q[j] & 15, hi = ref.q[j] >> 4;
-    if (qtype == kQ4_1) {
-      w[j] = static_cast<float>(lo) * ref.d + ref.m;
-      w[j + 16] = static_cast<float>(hi) * ref.d + ref.m;
-    } else {
-      w[j] = static_cast<float>(lo - 8) * ref.d;
-      w[j + 16] = static_cast<float>(hi - 8) * ref.d;
-    }
-  }
-}
-
 // Portable path: dequantize one W row, dot it with every row of x.
 void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype, int64_t M, int64_t K, int64_t N,
           int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
+  if (RowFormatOf(qtype).values > 0) return RowMajorProduct(x, M, K, w, qtype, N, n0, n1, y);
   const Format f = FormatOf(qtype);
   const int64_t blocks = K / kBlock;
   tile.resize(K);
@@ -116,13 +135,23 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
                                        int64_t out_features) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "gguf_linear: x must be float32 on CPU");
+  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2,
+           "gguf_linear: weight must be 2-D uint8 on CPU");
+  const RowFormat rf = RowFormatOf(qtype);
   const Format f = FormatOf(qtype);
-  CheckWeight(weight, qtype, f, "gguf_linear");
+  PD_CHECK(rf.values > 0 || f.group_bytes > 0, "gguf_linear: unsupported GGUF type id ", qtype,
+           " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K)");
   const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
-  PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (N + kGroup - 1) / kGroup &&
-               weight.shape()[1] == K / kBlock * f.group_bytes,
-           "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N, " interleaved rows of ",
-           K, " weights");
+  if (rf.values > 0) {
+    PD_CHECK(K % rf.values == 0 && weight.shape()[0] == N && weight.shape()[1] == K / rf.values * rf.bytes,
+             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
+             " rows of ", K, " weights of type ", qtype, " (blocks of ", rf.values, " in ", rf.bytes, " bytes)");
+  } else {
+    PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (N + kGroup - 1) / kGroup &&
+                 weight.shape()[1] == K / kBlock * f.group_bytes,
+             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
+             " interleaved rows of ", K, " weights");
+  }
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());

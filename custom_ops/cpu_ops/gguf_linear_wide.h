@@ -1,5 +1,5 @@
-// gguf_linear's kernel for many rows of x (M >= 16, AVX-512), a template instantiated by
-// gguf_linear.cc's dispatch: each dequantized weight broadcast against 16 rows of x transposed, K in
+// gguf_linear's kernel for many rows of x (M >= 16, AVX-512) on any GGUF type, a template on the
+// dequantization of a chunk of a W row (gguf_linear.cc's dispatch gives it): each dequantized weight broadcast against 16 rows of x transposed, K in
 // L1-sized chunks, panels of W rows whose partial sums stay in L2 while the next panel is prefetched;
 // and the transpose of x it reads.
 // In an unnamed namespace, as when this code lived in gguf_linear.cc: internal to each file that
@@ -21,7 +21,7 @@ namespace {
 // that a chunk of xt stays in L1 while the W tiles of a panel (kPanelRows rows) pass over it;
 // partial sums of a tile (kWideRows W rows x MV * 16 rows of x) live in `acc` between chunks.
 constexpr int64_t kWideRows = 8;
-constexpr int64_t kChunk = 256;       // multiple of kBlock
+constexpr int64_t kChunk = 256;       // a multiple of every block (32; the K-quants' 256)
 constexpr int64_t kPanelRows = 256;   // W rows whose partial sums are kept between K chunks
 
 template <int MV>
@@ -42,11 +42,11 @@ void BroadcastKernel(const float* xt, int64_t Mp, const float* tile, int64_t kc,
     for (int v = 0; v < MV; ++v) _mm512_storeu_ps(acc_out + (j * MV + v) * 16, acc[j][v]);
 }
 
-template <int64_t QT>
-void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
-           float* y, std::vector<float>& tile) {
-  const Format f = FormatOf(QT);
-  const int64_t blocks = K / kBlock;
+// dequant(n, k0, kc, out): values k0 .. k0 + kc of W's row n into out (float32; k0 and kc whole blocks).
+// row_bytes: bytes of W per row (the interleaved layout: a group's bytes / 4), rows in address order.
+template <typename Dequant>
+void WideM(const float* xt, int64_t Mp, const Dequant& dequant, const uint8_t* w, int64_t row_bytes, int64_t M,
+           int64_t K, int64_t N, int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
   std::vector<float> acc(kPanelRows * 32);  // partial sums of one panel: per tile [kWideRows][32]
   tile.assign(kWideRows * kChunk, 0.f);     // rows past the end of W stay zero
   for (int64_t m = 0; m < M; m += 32) {
@@ -54,10 +54,10 @@ void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, 
     for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {  // a panel of W rows: its sums stay in L2
       const int64_t p1 = std::min(n1, p0 + kPanelRows), tiles = (p1 - p0 + kWideRows - 1) / kWideRows;
       // The next panel's weights (whole groups, so one contiguous range) are prefetched into L2, a
-      // slice per tile step: the panel's own reads jump between groups and defeat the hardware
+      // slice per tile step: the panel's own reads jump between groups (rows) and defeat the hardware
       // prefetcher (batch-32 decode layers: 10% faster here).
-      const uint8_t* next = w + (p1 / kGroup) * blocks * f.group_bytes;
-      const int64_t next_bytes = std::min(n1 - p1, kPanelRows) / kGroup * blocks * f.group_bytes;
+      const uint8_t* next = w + p1 * row_bytes;
+      const int64_t next_bytes = std::min(n1 - p1, kPanelRows) / kGroup * kGroup * row_bytes;
       const int64_t steps = (K + kChunk - 1) / kChunk * tiles, slice = (next_bytes / steps + 63) / 64 * 64;
       int64_t step = 0;
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
@@ -67,7 +67,7 @@ void WideM(const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, 
             _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T1);
           const int64_t row0 = p0 + t * kWideRows, nr = std::min(kWideRows, p1 - row0);
           for (int64_t j = 0; j < nr; ++j)
-            DequantRow<QT>(w, f, blocks, row0 + j, k0 / kBlock, kc / kBlock, tile.data() + j * kc);
+            dequant(row0 + j, k0, kc, tile.data() + j * kc);
           float* a = acc.data() + t * kWideRows * 32;
           if (mv == 2) {
             BroadcastKernel<2>(xt + k0 * Mp + m, Mp, tile.data(), kc, a, k0 == 0);

@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
-from fastdeploy.model_executor.layers.quantization.gguf import DENSE_FROM_ROWS, GGUFConfig, GGUFLinearMethod
+from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
 from fastdeploy.model_executor.model_loader.quantized import (Q4_0, Q4_1, Q8_0, QuantizedTensor,
                                                               blocks_from_interleaved)
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
@@ -64,7 +64,7 @@ def test_dequantized_weights_equal_gguf_py(name):
 
 
 @pytest.mark.parametrize("name", sorted(QTYPES))
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 64, 130])
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (16, 576), (33, 1536), (600, 64)])
 def test_op_matches_numpy_matmul(name, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
@@ -85,7 +85,7 @@ def test_op_keeps_leading_dims_and_rejects_bad_input():
     packed = compiled("gguf_interleave_rows")(paddle.to_tensor(w.blocks), w.qtype)
     op = compiled("gguf_linear")
     with pytest.raises(Exception, match="unsupported GGUF type"):
-        op(paddle.to_tensor(x), packed, 12, 8)
+        op(paddle.to_tensor(x), packed, 16, 8)
     with pytest.raises(Exception, match="does not hold 8 interleaved rows of 32"):
         op(paddle.to_tensor(x[..., :32]), packed, w.qtype, 8)
     with pytest.raises(Exception, match="does not hold 9 interleaved rows"):
@@ -147,14 +147,12 @@ def test_linear_rejects_a_wrong_shape_and_a_type_the_header_did_not_announce():
         layer.weight_loader(layer.weight, quantized(np.random.default_rng(9), 16, 64, Q8_0), 0)
 
 
-def test_quantized_weight_uses_a_dense_copy_from_many_rows():
+def test_quantized_weight_stays_in_blocks_and_float32_for_many_rows():
+    """At any row count: float32 kernels on the blocks, no dense copy of the weight."""
     rng = np.random.default_rng(8)
     layer, dense = fused(rng, [(24, Q4_1), (8, Q4_1)])
-    few = rng.standard_normal((DENSE_FROM_ROWS - 1, 64)).astype(np.float32)
-    assert_matmul_close(layer(paddle.to_tensor(few)).numpy(), few, dense)
-    assert layer.method.operand(layer, len(few))[1] == Q4_1  # few rows: computed on the blocks
-    many = rng.standard_normal((DENSE_FROM_ROWS, 64)).astype(np.float32)
-    assert_matmul_close(layer(paddle.to_tensor(many)).numpy(), many, dense)
-    weight, qtype = layer.method.operand(layer, len(many))
-    assert qtype == 0
-    np.testing.assert_array_equal(weight.numpy(), dense.T)  # exactly the dequantized weights
+    for rows in (63, 64, 300):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        assert_matmul_close(layer(paddle.to_tensor(x)).numpy(), x, dense)
+        assert layer.method.operand(layer, rows)[1] == Q4_1
+    assert [p.dtype for p in layer.parameters()] == [paddle.uint8]

@@ -11,10 +11,11 @@ Tensors: `blk.N.<part>.weight|bias` -> `model.layers.N.<HF module>.weight|bias` 
 Stacked experts `blk.N.ffn_{gate,up,down}_exps.weight` ([E, rows, row data] in the file) are handed
 over one expert at a time as `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`, each a view
 of the file's expert slice (`hf_tensors`), so they are not copied before the model reads them.
-Matrices in Q4_0, Q4_1 or Q8_0 come as `QuantizedTensor` (their blocks; the model keeps them
-quantized when it can compute on them, see layers/quantization/gguf.py, deciding so at build from
-the header's tensor types: `gguf_quant_config`); other tensors are dequantized to float32 with the
-`gguf` package.
+Matrices in a block type the compiled op computes on (quantized.py LINEAR_QTYPES: Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, Q2_K..Q6_K) come as `QuantizedTensor` (their blocks; the model keeps them quantized,
+see layers/quantization/gguf.py, deciding so at build from the header's tensor types:
+`gguf_quant_config`); F32 / F16 / BF16 tensors are read as float32 with the `gguf` package; any
+other type is a ValueError naming the tensor.
 llama.cpp's converter permutes the rows of Llama's Q and K projections (to turn the rotate-half
 RoPE layout into the interleaved one it computes with); `unpermute_qk` undoes it, as
 transformers' GGUF loader does. It permutes no other architecture's (Qwen computes rotate-half,
@@ -27,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile, GGUFTensor
-from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import FLOAT_QTYPES, LINEAR_QTYPES, QuantizedTensor
 from fastdeploy.model_executor.model_loader.source import ModelSource
 
 # llama.cpp architecture -> the zoo model (HF architecture) it loads as
@@ -194,15 +195,27 @@ def gguf_hf_config(file: GGUFFile, arch: str) -> dict:
 
 
 def gguf_quant_config(file: GGUFFile):
-    """The GGUFConfig of the file's header: the type of every matrix handed over as a QuantizedTensor."""
+    """The GGUFConfig of the file's header: the type of every matrix. ValueError naming the tensor and
+    its type for a matrix in a type the engine has no kernel for (quantized.py LINEAR_QTYPES) and does
+    not read as floats (FLOAT_QTYPES): the IQ, TQ and MXFP4 types."""
     from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig
 
-    return GGUFConfig({name: int(t.tensor_type) for name, t in hf_tensors(file)
-                       if int(t.tensor_type) in LINEAR_QTYPES and len(t.shape) == 2})
+    types = {}
+    for name, t in hf_tensors(file):
+        qtype = int(t.tensor_type)
+        if len(t.shape) != 2:
+            continue
+        if qtype not in LINEAR_QTYPES + FLOAT_QTYPES:
+            raise ValueError(f"GGUF tensor {t.name!r} is of type {t.tensor_type.name} ({qtype}), which this engine "
+                             f"does not support; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
+                             f"Q3_K, Q4_K, Q5_K, Q6_K")
+        types[name] = qtype
+    return GGUFConfig(types)
 
 
 def _tensor(tensor: GGUFTensor):
-    """QuantizedTensor for a matrix in a type the engine computes on, else a float32 array."""
+    """QuantizedTensor (its blocks, [out, bytes per row]) for a matrix in a type the engine computes on
+    (LINEAR_QTYPES), else a float32 array (gguf-py's dequantization: F32, F16, BF16, and 1-D tensors)."""
     import gguf
 
     if int(tensor.tensor_type) in LINEAR_QTYPES and len(tensor.shape) == 2:

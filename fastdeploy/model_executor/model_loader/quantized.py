@@ -1,15 +1,36 @@
-"""A GGUF-quantized matrix as the loader hands it over: its blocks, not yet dequantized."""
+"""A GGUF-quantized matrix as the loader hands it over: its blocks, not yet dequantized.
+
+The compiled `gguf_linear` op (custom_ops/cpu_ops/gguf_linear.cc) computes on LINEAR_QTYPES: Q4_0, Q4_1
+and Q8_0 after `gguf_interleave_rows` rearranges them (INTERLEAVED_QTYPES), the others (ROW_MAJOR_QTYPES:
+Q5_0, Q5_1 and the K-quants Q2_K..Q6_K, custom_ops/cpu_ops/gguf_rows.h) in GGUF's own row-major blocks,
+so a layer holds the file's bytes.
+"""
 from dataclasses import dataclass
 
 import numpy as np
 
-# ggml type ids the compiled `gguf_linear` op computes with (custom_ops/cpu_ops/gguf_linear.cc)
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-LINEAR_QTYPES = (Q4_0, Q4_1, Q8_0)
+# ggml type ids
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+INTERLEAVED_QTYPES = (Q4_0, Q4_1, Q8_0)
+# GGUF bytes per row-major block: (values, bytes)
+ROW_MAJOR_BLOCKS = {Q5_0: (32, 22), Q5_1: (32, 24), Q2_K: (256, 84), Q3_K: (256, 110), Q4_K: (256, 144),
+                    Q5_K: (256, 176), Q6_K: (256, 210)}
+ROW_MAJOR_QTYPES = tuple(ROW_MAJOR_BLOCKS)
+LINEAR_QTYPES = INTERLEAVED_QTYPES + ROW_MAJOR_QTYPES
+FLOAT_QTYPES = (F32, F16, BF16)  # matrices gguf-py reads as floats (dense float32)
 
 # GGUF bytes per block: (scale and minimum bytes, quant bytes) as float16 headers then quants
 _GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
 ROW_GROUP = 4  # rows per group of the interleaved layout
+
+
+def row_major_shape(qtype: int, rows: int, in_features: int) -> list[int]:
+    """Shape of a [rows, in_features] weight of a ROW_MAJOR_QTYPES type as GGUF stores it:
+    [rows, in_features / values * block bytes] uint8. ValueError when in_features is not whole blocks."""
+    values, nbytes = ROW_MAJOR_BLOCKS[qtype]
+    if in_features % values:
+        raise ValueError(f"in_features {in_features} is not a multiple of GGUF type {qtype}'s block of {values}")
+    return [rows, in_features // values * nbytes]
 
 
 def interleaved_shape(qtype: int, rows: int, in_features: int) -> list[int]:
@@ -18,6 +39,12 @@ def interleaved_shape(qtype: int, rows: int, in_features: int) -> list[int]:
     headers, quant = _GGUF_BLOCK[qtype]
     group_bytes = 16 * (headers // 2) + ROW_GROUP * quant
     return [-(-rows // ROW_GROUP), in_features // 32 * group_bytes]
+
+
+def block_shape(qtype: int, rows: int, in_features: int) -> list[int]:
+    """Shape of the uint8 weight the compiled op reads for a [rows, in_features] matrix of a LINEAR_QTYPES
+    type: interleaved_shape for INTERLEAVED_QTYPES, else row_major_shape (the file's bytes)."""
+    return (interleaved_shape if qtype in INTERLEAVED_QTYPES else row_major_shape)(qtype, rows, in_features)
 
 
 def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:

@@ -91,26 +91,27 @@ class WeightFormat:
 
 def gguf_held_bytes(file) -> int:
     """Bytes of the weights a model loaded from GGUF `file` (model_loader/gguf_file.py GGUFFile) holds,
-    from the header alone: a matrix the loader hands over in its blocks (model_loader/gguf_loader.py:
-    2-D, of a type in quantized.LINEAR_QTYPES) at the size of the compiled op's interleaved layout
-    (quantized.interleaved_shape: the file's bytes with the float16 scales widened to float32, +6%
-    for Q8_0, +11% Q4_0, +20% Q4_1), every other tensor at 4 bytes per value (dequantized to float32
-    at load). The embedding is looked up in float32 (4 bytes per value) and, when tied (no
-    output.weight), also held as lm_head, in blocks when its type allows. Without the compiled GGUF
-    ops every matrix is float32. A packed projection (q/k/v, gate/up) whose parts differ in type is
-    float32 in the model but counted here at its parts' sizes."""
-    from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, interleaved_shape
+    from the header alone, tensor by tensor as the loader hands them over (gguf_loader.hf_tensors: an
+    expert stack as its experts): a matrix in its blocks (2-D, of a type in quantized.LINEAR_QTYPES) at
+    the size of the op's layout (quantized.block_shape: the file's bytes for the row-major types; Q4_0,
+    Q4_1, Q8_0 interleaved with float32 scales, +6% for Q8_0, +11% Q4_0, +20% Q4_1), every other tensor
+    at 4 bytes per value (read as float32 at load). The embedding is looked up in float32 (4 bytes per
+    value) and, when tied (no output.weight), also held as lm_head, in blocks when its type allows.
+    Without the compiled GGUF ops every matrix is float32. A packed projection (q/k/v, gate/up) whose
+    parts differ in type is float32 in the model but counted here at its parts' sizes."""
+    from fastdeploy.model_executor.model_loader.gguf_loader import hf_tensors
+    from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, block_shape
 
     in_blocks = compiled_op("gguf_linear") is not None and compiled_op("gguf_interleave_rows") is not None
     tied = not any(t.name == "output.weight" for t in file.tensors)
 
     def as_linear(tensor) -> int:
         if in_blocks and int(tensor.tensor_type) in LINEAR_QTYPES and len(tensor.shape) == 2:
-            return math.prod(interleaved_shape(int(tensor.tensor_type), tensor.shape[1], tensor.shape[0]))
+            return math.prod(block_shape(int(tensor.tensor_type), tensor.shape[1], tensor.shape[0]))
         return 4 * math.prod(tensor.shape)
 
     held = 0
-    for tensor in file.tensors:
+    for _, tensor in hf_tensors(file):
         if tensor.name == "token_embd.weight":
             held += 4 * math.prod(tensor.shape) + (as_linear(tensor) if tied else 0)
         else:

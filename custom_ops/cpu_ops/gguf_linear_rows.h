@@ -1,0 +1,122 @@
+// gguf_linear's kernel for the row-major types (gguf_rows.h) and fewer than kWideM rows of x (more: the
+// broadcast kernel of gguf_linear_wide.h), and the dequantization of one row of any GGUF type (the
+// embedding lookup, gguf_embedding.cc).
+//
+// RowMajorRows: per W row, 256 values at a time (a K-quant block, or 8 Q5_0 / Q5_1 blocks) are dequantized
+// into a 1 KB float32 buffer (L1) to gguf-py's values and multiplied with every row of x by float32 FMAs
+// (4 independent chains per row of x), the row's sums reduced once at its end. Threads split N (gguf_linear.cc).
+#pragma once
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gguf_blocks.h"
+#include "gguf_rows.h"
+
+namespace {
+
+// Row n of a row-major W of type QT ([N, K / values blocks]) -> out[K] float32
+template <int64_t QT>
+void DequantRowMajor(const uint8_t* w, int64_t K, int64_t n, float* out) {
+  const RowFormat f = RowFormatOf(QT);
+  const int64_t blocks = K / f.values;
+  const uint8_t* row = w + n * blocks * f.bytes;
+  for (int64_t b = 0; b < blocks; ++b) DequantRowBlock<QT>(row + b * f.bytes, out + b * f.values);
+}
+
+// Row n of W [N, K] of any GGUF type gguf_linear takes (Q4_0 / Q4_1 / Q8_0 interleaved, the others
+// row-major) -> out[K] float32, gguf-py's values.
+inline void DequantWeightRow(const uint8_t* w, int64_t qtype, int64_t K, int64_t n, float* out) {
+  switch (qtype) {
+    case kQ5_0: DequantRowMajor<kQ5_0>(w, K, n, out); return;
+    case kQ5_1: DequantRowMajor<kQ5_1>(w, K, n, out); return;
+    case kQ2_K: DequantRowMajor<kQ2_K>(w, K, n, out); return;
+    case kQ3_K: DequantRowMajor<kQ3_K>(w, K, n, out); return;
+    case kQ4_K: DequantRowMajor<kQ4_K>(w, K, n, out); return;
+    case kQ5_K: DequantRowMajor<kQ5_K>(w, K, n, out); return;
+    case kQ6_K: DequantRowMajor<kQ6_K>(w, K, n, out); return;
+    default: break;
+  }
+  const Format f = FormatOf(qtype);
+  const int64_t blocks = K / kBlock;
+#ifdef __AVX512F__
+  switch (qtype) {
+    case kQ4_0: DequantRow<kQ4_0>(w, f, blocks, n, 0, blocks, out); return;
+    case kQ4_1: DequantRow<kQ4_1>(w, f, blocks, n, 0, blocks, out); return;
+    default: DequantRow<kQ8_0>(w, f, blocks, n, 0, blocks, out); return;
+  }
+#else
+  for (int64_t b = 0; b < blocks; ++b) DequantBlockScalar(Ref(w, qtype, f, blocks, n, b), qtype, out + b * kBlock);
+#endif
+}
+
+// y[m, n] = x[m] . W[n] for rows n0 .. n1 of a row-major W of type QT and M < kWideM rows of x (AVX-512; any M portable).
+template <int64_t QT>
+void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t n0, int64_t n1,
+                  float* y) {
+  const RowFormat f = RowFormatOf(QT);
+  // blocks dequantized per step: 256 values (Q5_0 / Q5_1: 8 blocks, so the dot products run 4 chains)
+  const int64_t blocks = K / f.values, per_step = kMaxBlockValues / f.values;
+  alignas(64) float buf[kMaxBlockValues];
+#ifdef __AVX512F__
+  __m512 acc[kWideM];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    const uint8_t* row = w + n * blocks * f.bytes;
+    for (int64_t b = 0; b < blocks; b += per_step) {
+      const int64_t count = std::min(per_step, blocks - b), vectors = count * f.values / 16;
+      for (int64_t i = 0; i < count; ++i) DequantRowBlock<QT>(row + (b + i) * f.bytes, buf + i * f.values);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * K + b * f.values;
+        __m512 s0 = acc[m], s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+        int64_t v = 0;
+        for (; v + 4 <= vectors; v += 4) {
+          s0 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16 * v), _mm512_load_ps(buf + 16 * v), s0);
+          s1 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16 * v + 16), _mm512_load_ps(buf + 16 * v + 16), s1);
+          s2 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16 * v + 32), _mm512_load_ps(buf + 16 * v + 32), s2);
+          s3 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16 * v + 48), _mm512_load_ps(buf + 16 * v + 48), s3);
+        }
+        for (; v < vectors; ++v) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + 16 * v), _mm512_load_ps(buf + 16 * v), s0);
+        acc[m] = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]);
+  }
+#else
+  std::vector<float> acc(M);
+  for (int64_t n = n0; n < n1; ++n) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    const uint8_t* row = w + n * blocks * f.bytes;
+    for (int64_t b = 0; b < blocks; b += per_step) {
+      const int64_t count = std::min(per_step, blocks - b);
+      for (int64_t i = 0; i < count; ++i) DequantRowBlock<QT>(row + (b + i) * f.bytes, buf + i * f.values);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * K + b * f.values;
+        float dot = 0.f;
+        for (int64_t e = 0; e < count * f.values; ++e) dot += xm[e] * buf[e];
+        acc[m] += dot;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
+  }
+#endif
+}
+
+inline void RowMajorProduct(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t qtype, int64_t N,
+                            int64_t n0, int64_t n1, float* y) {
+  switch (qtype) {
+    case kQ5_0: RowMajorRows<kQ5_0>(x, M, K, w, N, n0, n1, y); return;
+    case kQ5_1: RowMajorRows<kQ5_1>(x, M, K, w, N, n0, n1, y); return;
+    case kQ2_K: RowMajorRows<kQ2_K>(x, M, K, w, N, n0, n1, y); return;
+    case kQ3_K: RowMajorRows<kQ3_K>(x, M, K, w, N, n0, n1, y); return;
+    case kQ4_K: RowMajorRows<kQ4_K>(x, M, K, w, N, n0, n1, y); return;
+    case kQ5_K: RowMajorRows<kQ5_K>(x, M, K, w, N, n0, n1, y); return;
+    default: RowMajorRows<kQ6_K>(x, M, K, w, N, n0, n1, y); return;
+  }
+}
+
+}  // namespace
