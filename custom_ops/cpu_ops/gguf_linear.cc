@@ -10,6 +10,7 @@
 //       Q8_0: 32 int8;              w[j] = qs[j] * d
 //   * Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: row-major as the file stores them, [N, K / values * block
 //     bytes] (gguf_rows.h gives each format).
+//   * segments (type id 1100): a layer whose parts differ in type, one part after another (SegmentedProduct).
 // Weights are dequantized on the fly to exactly the float32 values gguf-py's `dequantize` gives
 // (product and sum rounded separately, no fused multiply-add), so the layer computes the same function
 // as a float32 matmul on the dequantized matrix at every row count; only the summation order differs.
@@ -132,15 +133,62 @@ void Rows(const float* x, const float*, int64_t, const uint8_t* w, int64_t qtype
 
 }  // namespace
 
+// A segmented weight (qtype kSegmented): a Linear whose parts (q / k / v, gate / up) are of different
+// types, as in Q4_K_M files (v in Q6_K where q and k are Q4_K), held as one 1-D uint8 tensor: a header of
+// int64 words, [count, then per segment: type id, output rows, its weight's 2 dims, its byte offset],
+// then each segment's weight in its own type's layout. y's columns are the segments' outputs in order,
+// each computed by this op on a view of its bytes: the function of the unsegmented layer.
+std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
+                                       int64_t out_features);
+
+namespace {
+constexpr int64_t kSegmented = 1100;
+constexpr int64_t kSegmentWords = 5;
+
+paddle::Tensor SegmentedProduct(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t out_features) {
+  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 1 &&
+               weight.numel() >= 8,
+           "gguf_linear: a segmented weight must be 1-D uint8 on CPU");
+  uint8_t* base = const_cast<uint8_t*>(weight.data<uint8_t>());
+  const int64_t* header = reinterpret_cast<const int64_t*>(base);
+  const int64_t count = header[0];
+  PD_CHECK(count > 0 && 8 * (1 + kSegmentWords * count) <= weight.numel(), "gguf_linear: bad segment header");
+  const int64_t K = x.shape().back(), M = x.numel() / K;
+  std::vector<int64_t> out_shape = x.shape();
+  out_shape.back() = out_features;
+  auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  float* yd = y.data<float>();
+  int64_t column = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t* seg = header + 1 + kSegmentWords * i;  // type, rows, dim 0, dim 1, offset
+    PD_CHECK(seg[0] != kSegmented && seg[4] >= 0 && seg[4] + seg[2] * seg[3] <= weight.numel() &&
+                 column + seg[1] <= out_features,
+             "gguf_linear: segment ", i, " lies outside its weight or its output");
+    const paddle::Tensor part =
+        paddle::from_blob(base + seg[4], {seg[2], seg[3]}, paddle::DataType::UINT8, phi::DataLayout::NCHW,
+                          paddle::CPUPlace());
+    const paddle::Tensor yp = GgufLinear(x, part, seg[0], seg[1])[0];  // [M, rows]
+    const float* src = yp.data<float>();
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(yd + m * out_features + column, src + m * seg[1], seg[1] * sizeof(float));
+    column += seg[1];
+  }
+  PD_CHECK(column == out_features, "gguf_linear: the segments give ", column, " outputs, the layer has ", out_features);
+  return y;
+}
+}  // namespace
+
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight, int64_t qtype,
                                        int64_t out_features) {
+  if (qtype == kSegmented) return {SegmentedProduct(x, weight, out_features)};
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "gguf_linear: x must be float32 on CPU");
   PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2,
            "gguf_linear: weight must be 2-D uint8 on CPU");
   const RowFormat rf = RowFormatOf(qtype);
   const Format f = FormatOf(qtype);
   PD_CHECK(rf.values > 0 || f.group_bytes > 0, "gguf_linear: unsupported GGUF type id ", qtype,
-           " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K)");
+           " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, ",
+           kSegmented, " segments of these)");
   const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
   if (rf.values > 0) {
     PD_CHECK(K % rf.values == 0 && weight.shape()[0] == N && weight.shape()[1] == K / rf.values * rf.bytes,

@@ -6,6 +6,7 @@
 //   6, 7, 10, 11, 12,      GGUF Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K blocks row-major as the file
 //   13, 14                 stores them (gguf_rows.h): gguf_linear.cc
 //                          (every GGUF type: float32 kernels on gguf-py's values, chosen by the rows of x)
+//   1100                   GGUF segments of those types (a layer whose parts differ in type): gguf_linear.cc
 //   30, 1008, 1004         packed bf16 / wint8 / wint4 (packed_linear.h): packed_linear.cc
 //
 // x: [n, in] float32; bias: [out] float32, or a zero-size tensor for none; y: [n, out] float32. Packed

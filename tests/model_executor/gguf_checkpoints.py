@@ -225,8 +225,25 @@ def _write_tokenizer(writer, arch: str, tokenizer_dir: Path) -> None:
     writer.add_chat_template((tokenizer_dir / "chat_template.jinja").read_text())
 
 
+class Mix:
+    """A per-matrix choice of types as llama.cpp's K_M files make one: `base` for every matrix but those
+    whose HF name holds a key of `parts`, which get its type."""
+
+    def __init__(self, name: str, base, parts: dict):
+        self.name, self.base, self.parts = name, base, parts
+
+    def type_of(self, hf_name: str):
+        return next((t for piece, t in self.parts.items() if piece in hf_name), self.base)
+
+
+# q / k / v in three types and gate / up in two, so packed projections hold segments of several types
+Q4_K_M_LIKE = Mix("Q4_K_M_like", Q.Q4_K, {"k_proj": Q.Q8_0, "v_proj": Q.Q6_K, "up_proj": Q.Q5_K,
+                                         "down_proj": Q.Q6_K})
+
+
 def write_gguf(path: Path, arch: str, qtype, seed: int = 0) -> tuple[Path, Path]:
-    """(GGUF file, oracle checkpoint directory) for `arch` (a key of ARCHS) with its matrices in `qtype`."""
+    """(GGUF file, oracle checkpoint directory) for `arch` (a key of ARCHS) with its matrices in `qtype`
+    (a type, or a Mix)."""
     from safetensors.numpy import load_file
 
     oracle_dir = path / "oracle"
@@ -248,7 +265,8 @@ def write_gguf(path: Path, arch: str, qtype, seed: int = 0) -> tuple[Path, Path]
         count = heads.get(name.rsplit(".", 2)[-2])
         if permute:
             array = converter_permute(array, count)
-        kind = Q.F32 if array.ndim == 1 or ".mlp.gate." in name or "e_score" in name else qtype
+        kind = (Q.F32 if array.ndim == 1 or ".mlp.gate." in name or "e_score" in name else
+                qtype.type_of(name) if isinstance(qtype, Mix) else qtype)
         stored = encode(array, kind, rng)
         writer.add_tensor(gguf_name, stored, raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
         value = decode(stored, kind).reshape(array.shape)

@@ -20,11 +20,12 @@ import torch
 
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.model_executor.layers.moe import SparseMoE
+from fastdeploy.model_executor.layers.quantization.gguf import SegmentedGGUFLinearMethod
 from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
 from fastdeploy.model_executor.model_loader.gguf_loader import iter_gguf_tensors, open_gguf
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
 
-from gguf_checkpoints import ARCHS, BLOCK_TYPES, FLOAT_TYPES, K_TYPES, Q, write_gguf
+from gguf_checkpoints import ARCHS, BLOCK_TYPES, FLOAT_TYPES, K_TYPES, Q, Q4_K_M_LIKE, write_gguf
 from helpers import NEAR_TIE
 from runner_access import model_runner
 from test_fused_decoder_layers import fused_and_layerwise
@@ -38,6 +39,7 @@ ARCH_TYPES = {"llama": Q.Q4_0, "qwen2": Q.Q4_1, "qwen3": Q.Q8_0, "qwen3moe": Q.Q
 TYPE_SWEEPS = {"ernie4_5-moe": ALL_TYPES, "llama": ALL_TYPES}
 CASES = sorted({*ARCH_TYPES.items(), *((a, t) for a, types in TYPE_SWEEPS.items() for t in types)},
                key=lambda case: (case[0], ALL_TYPES.index(case[1])))
+CASES += [("llama", Q4_K_M_LIKE), ("ernie4_5-moe", Q4_K_M_LIKE)]  # packed projections of several types
 NUM_PROMPTS, NEW_TOKENS = 32, 8
 LOGIT_TOLERANCE = 1e-3  # of the largest reference logit's magnitude
 
@@ -110,7 +112,8 @@ def test_prefill_logits_match_transformers(case, prompts):
 
 
 # ---- the MoE files through the fused decoder op ------------------------------------------------
-FUSED_CASES = [("qwen3moe", Q.Q8_0), ("qwen3moe", Q.Q4_K), ("ernie4_5-moe", Q.Q4_0), ("ernie4_5-moe", Q.Q6_K)]
+FUSED_CASES = [("qwen3moe", Q.Q8_0), ("qwen3moe", Q.Q4_K), ("ernie4_5-moe", Q.Q4_0), ("ernie4_5-moe", Q.Q6_K),
+               ("ernie4_5-moe", Q4_K_M_LIKE)]
 
 
 @pytest.mark.usefixtures("ops_enabled")
@@ -120,6 +123,9 @@ def test_moe_gguf_fused_equals_layerwise(arch, qtype, tmp_path_factory):
     decoder = model_runner(llm).model.model
     moe = [layer.mlp for layer in decoder.layers if isinstance(layer.mlp, SparseMoE)]
     assert len(moe) == 2
+    if qtype is Q4_K_M_LIKE:  # q/k/v and the experts' gate/up each in segments of their types
+        assert all(isinstance(linear.method, SegmentedGGUFLinearMethod) for layer in decoder.layers
+                   for linear in (layer.self_attn.qkv_proj, *(e.gate_up_proj for e in moe[0].experts)))
     if qtype in BLOCK_TYPES:  # the experts stay in their blocks inside the fused op
         assert all(linear.method.operand(linear, 1)[1] == int(qtype)
                    for m in moe for e in m.experts for linear in (e.gate_up_proj, e.down_proj))
