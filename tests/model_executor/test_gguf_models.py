@@ -220,3 +220,10 @@ def test_file_header_types_are_what_was_written(tmp_path_factory):
         matrices = [t for t in file.tensors if len(t.shape) >= 2 and "ffn_gate_inp" not in t.name
                     and "exp_probs_b" not in t.name]
         assert matrices and all(t.tensor_type == qtype for t in matrices)
+
+
+def test_shared_expert_count_missing_from_the_metadata_is_read_off_the_tensors(tmp_path, tmp_path_factory):
+    """Not every converter writes expert_shared_count; the shared experts' rows then give it."""
+    case = _case("ernie4_5-moe", ARCH_TYPES["ernie4_5-moe"], tmp_path_factory)
+    file = _rewrite(case.file, tmp_path / "x.gguf", drop=("ernie4_5-moe.expert_shared_count",))
+    assert open_gguf(file).hf_config["moe_num_shared_experts"] == case.hf_config["moe_num_shared_experts"] > 0

@@ -143,7 +143,10 @@ def _moe_config(file: GGUFFile, arch: str, names: set, layers: int) -> dict:
         raise ValueError(f"GGUF file {file.path}: the layers with a router {sparse} are not those "
                          f"{arch}.leading_dense_block_count={start} and interleave_moe_layer_step={step} imply "
                          f"({implied})")
-    shared = meta(f"{arch}.expert_shared_count", 0)
+    shared = meta(f"{arch}.expert_shared_count")
+    if shared is None:  # not every converter writes the count: the shared experts' rows then give it
+        shexp = f"blk.{sparse[0]}.ffn_up_shexp.weight" if sparse else None
+        shared = _tensor_shape(file, shexp)[1] // inter if shexp in names else 0
     for i in sparse if shared else ():
         rows = _tensor_shape(file, f"blk.{i}.ffn_up_shexp.weight")[1]
         if rows != shared * inter:
