@@ -4,7 +4,8 @@ the KV pool sized from them, and loading that does not keep the file's mapped pa
 
 Oracles: the loaded model's own parameter bytes, gguf-py's GGUFReader for the header, and the kernel's
 VmRSS / VmHWM of a fresh process for memory. The files are random-weight `llama` GGUFs written by
-benchmarks/gguf_checkpoints.py (valid blocks, as llama.cpp reads them).
+benchmarks/gguf_checkpoints.py (valid blocks, as llama.cpp reads them), and tiny Qwen3 (tied) / Llama
+files with every matrix in one K type (tests/model_executor/gguf_checkpoints.py).
 """
 import json
 import math
@@ -20,34 +21,41 @@ from benchmarks import gguf_checkpoints
 from fastdeploy.model_executor.layers.quantization.weight_format import gguf_held_bytes
 from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
 
+from gguf_checkpoints import Q, write_gguf
+
 TINY = dict(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, vocab=512, tied=False,
             rope_theta=10000.0, eps=1e-5, context=512)
 
 
-def _write(tmp_path, quant, **changes):
-    path = tmp_path / f"tiny-{quant}-{'tied' if changes.get('tied') else 'untied'}.gguf"
-    gguf_checkpoints.write(path, {**TINY, **changes}, quant, "tiny")
-    return path
+def _write(tmp_path, quant, tied):
+    """A benchmark mix (gguf_checkpoints.QUANTS) of TINY's shape, or every matrix of a tiny Qwen3 (tied) /
+    Llama (untied) in one K type (tests' gguf_checkpoints.write_gguf; Q4_K_M's q/k/v parts differ in type)."""
+    if quant in gguf_checkpoints.QUANTS:
+        path = tmp_path / f"tiny-{quant}-{'tied' if tied else 'untied'}.gguf"
+        gguf_checkpoints.write(path, {**TINY, "tied": tied}, quant, "tiny")
+        return path
+    return write_gguf(tmp_path, "qwen3" if tied else "llama", Q[quant])[0]
 
 
-@pytest.mark.parametrize("quant, tied", [("Q8_0", False), ("Q4_0", True)])
+# the embedding in blocks of each layout: Q8_0 / Q4_0 interleaved, Q6_K (tied) / Q4_K (untied) row-major
+CASES = [("Q8_0", False), ("Q4_0", True), ("Q6_K", True), ("Q4_K", False)]
+
+
+@pytest.mark.parametrize("quant, tied", [*CASES, ("Q4_K_M", True), ("Q4_K_M", False)])
 def test_held_bytes_from_the_header(tmp_path, quant, tied):
-    """Matrices at the file's tensor sizes with their float16 scales widened to float32 (18 -> 20 bytes a
-    Q4_0 block, 34 -> 36 Q8_0), the embedding and the norms in float32, a tied lm_head in the embedding's
-    blocks; the sizes and element counts from gguf-py's reader."""
+    """Matrices at the file's tensor sizes, Q4_0 / Q8_0 with their float16 scales widened to float32
+    (18 -> 20 bytes a block, 34 -> 36), the K-quants as stored; the embedding once in its blocks (tied:
+    they are lm_head's too), the norms in float32; the sizes and element counts from gguf-py's reader."""
     path = _write(tmp_path, quant, tied=tied)
     widened = {gguf.GGMLQuantizationType.Q8_0: 36 / 34, gguf.GGMLQuantizationType.Q4_0: 20 / 18}
     expected = 0
     for t in gguf.GGUFReader(str(path)).tensors:
-        blocks = t.n_bytes * widened[t.tensor_type] if t.tensor_type in widened else None
-        if t.name == "token_embd.weight":
-            expected += 4 * t.n_elements + (blocks if tied else 0)
-        else:
-            expected += blocks if blocks is not None and len(t.shape) == 2 else 4 * t.n_elements
+        in_blocks = t.tensor_type != gguf.GGMLQuantizationType.F32 and len(t.shape) == 2
+        expected += t.n_bytes * widened.get(t.tensor_type, 1) if in_blocks else 4 * t.n_elements
     assert gguf_held_bytes(GGUFFile(path)) == pytest.approx(expected, abs=1)
 
 
-@pytest.mark.parametrize("quant, tied", [("Q8_0", False), ("Q4_0", True)])
+@pytest.mark.parametrize("quant, tied", CASES)
 def test_kv_pool_sized_from_the_held_bytes(tmp_path, monkeypatch, quant, tied):
     """The engine sizes the pool from gguf_held_bytes (not from the float32 estimate), and the held bytes
     are what the loaded model's parameters really take."""

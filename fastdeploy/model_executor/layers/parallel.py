@@ -4,7 +4,7 @@ Rank r holds vocabulary rows [r * L, (r + 1) * L) of the embedding and of lm_hea
 the last rank's tail padded with zero rows:
 - `VocabParallelEmbedding`: each rank looks up the ids in its range (zeros for the others) and
   an all-reduce sums the ranks' rows, giving every rank the full embedding (Megatron-LM's
-  VocabParallelEmbedding). Tied to a packed lm_head, it holds no weight and reads the rows of
+  VocabParallelEmbedding). Tied to a packed or GGUF-block lm_head, it holds no weight and reads the rows of
   this rank's lm_head copy (layers/embeddings.py TiedEmbedding), the values one process reads.
 - `gather_logits`: each rank's lm_head gives logits for its L columns; all ranks gather them in
   rank order and cut the padding, so every rank holds the [m, V] logits sampling reads.
@@ -26,7 +26,7 @@ def local_vocab_size(vocab_size: int, group: TensorParallelGroup) -> int:
 
 class VocabParallelEmbedding(paddle.nn.Layer):
     """weight [L, hidden] float32: this rank's rows of the [vocab_size, hidden] embedding; with `tied`
-    (the rank's packed lm_head, whose L rows are these), no weight: its rows are read."""
+    (the rank's packed or GGUF-block lm_head, whose L rows are these), no weight: its rows are read."""
 
     def __init__(self, vocab_size: int, hidden_size: int, group: TensorParallelGroup,
                  tied: Optional[TiedEmbedding] = None):

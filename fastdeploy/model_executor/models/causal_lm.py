@@ -14,13 +14,12 @@ from fastdeploy.distributed.parallel_state import get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.append_attention import select_attention_backend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
-from fastdeploy.model_executor.layers.embeddings import TiedEmbedding, VocabEmbedding
+from fastdeploy.model_executor.layers.embeddings import TiedEmbedding, make_embedding, reads_rows
 from fastdeploy.model_executor.layers.fused_decoder_layers import plan_layer_runs
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.normalization import RMSNorm
 from fastdeploy.model_executor.layers.parallel import VocabParallelEmbedding, gather_logits, local_vocab_size
-from fastdeploy.model_executor.layers.quantization.packed import PackedLinearMethod
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.packed_modules import checkpoint_names_of, parameter_of
 
@@ -37,7 +36,7 @@ class DecoderModel(paddle.nn.Layer):
                  quant_config: Optional[QuantConfig], make_mlp, rope):
         super().__init__()
         group = get_tp_group()
-        self.embed_tokens = (VocabEmbedding(config.vocab_size, config.hidden_size) if group.size == 1
+        self.embed_tokens = (make_embedding(config.vocab_size, config.hidden_size, quant_config) if group.size == 1
                              else VocabParallelEmbedding(config.vocab_size, config.hidden_size, group))
         self.attn_backend = select_attention_backend(config.num_attention_heads, config.num_key_value_heads,
                                                      config.head_dim, block_size)
@@ -86,9 +85,8 @@ class CausalLM(paddle.nn.Layer):
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
-        method = self.lm_head.method
-        self.embedding_reads_lm_head = (config.tie_word_embeddings and isinstance(method, PackedLinearMethod)
-                                        and method.packed)  # one packed copy serves both (each rank: its rows)
+        # one packed or GGUF copy serves both (each rank: its rows)
+        self.embedding_reads_lm_head = config.tie_word_embeddings and reads_rows(self.lm_head.method)
         if self.embedding_reads_lm_head:
             tied = TiedEmbedding(self.lm_head)
             self.model.embed_tokens = tied if self.tp_group.size == 1 else VocabParallelEmbedding(

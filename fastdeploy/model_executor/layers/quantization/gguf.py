@@ -91,7 +91,8 @@ class GGUFLinearMethod(LinearMethod):
         return layer.weight, self.qtype
 
     def rows(self, layer: Linear, ids: paddle.Tensor) -> paddle.Tensor:
-        """ids [n] int64 -> dequantize(W)[ids] [n, in] float32, gguf-py's values (a tied embedding's lookup)."""
+        """ids [n] int64 -> dequantize(W)[ids] [n, in] float32, gguf-py's values (an embedding's lookup:
+        layers/embeddings.py GGUFEmbedding, or TiedEmbedding on a tied lm_head)."""
         return compiled_op("gguf_embedding")(ids, layer.weight, self.qtype, layer.out_features, layer.in_features)
 
 

@@ -95,8 +95,10 @@ def gguf_held_bytes(file) -> int:
     expert stack as its experts): a matrix in its blocks (2-D, of a type in quantized.LINEAR_QTYPES) at
     the size of the op's layout (quantized.block_shape: the file's bytes for the row-major types; Q4_0,
     Q4_1, Q8_0 interleaved with float32 scales, +6% for Q8_0, +11% Q4_0, +20% Q4_1), every other tensor
-    at 4 bytes per value (read as float32 at load). The embedding is looked up in float32 (4 bytes per
-    value) and, when tied (no output.weight), also held as lm_head, in blocks when its type allows.
+    at 4 bytes per value (read as float32 at load). The embedding is held once in its blocks when its type
+    allows and `gguf_embedding` is compiled (layers/embeddings.py: `GGUFEmbedding`, or tied, no
+    output.weight, lm_head's blocks read by `TiedEmbedding`); else it is looked up in float32 (4 bytes per
+    value) and, when tied, also held as lm_head.
     Without the compiled GGUF ops every matrix is float32. A packed projection (q/k/v, gate/up) whose
     parts differ in type is float32 in the model but counted here at its parts' sizes."""
     from fastdeploy.model_executor.model_loader.gguf_loader import hf_tensors
@@ -110,13 +112,13 @@ def gguf_held_bytes(file) -> int:
             return math.prod(block_shape(int(tensor.tensor_type), tensor.shape[1], tensor.shape[0]))
         return 4 * math.prod(tensor.shape)
 
-    held = 0
-    for _, tensor in hf_tensors(file):
-        if tensor.name == "token_embd.weight":
-            held += 4 * math.prod(tensor.shape) + (as_linear(tensor) if tied else 0)
-        else:
-            held += as_linear(tensor)
-    return held
+    def as_embedding(tensor) -> int:
+        if in_blocks and compiled_op("gguf_embedding") is not None and int(tensor.tensor_type) in LINEAR_QTYPES:
+            return as_linear(tensor)  # one copy of the blocks (tied: lm_head's)
+        return 4 * math.prod(tensor.shape) + (as_linear(tensor) if tied else 0)
+
+    return sum(as_embedding(tensor) if tensor.name == "token_embd.weight" else as_linear(tensor)
+               for _, tensor in hf_tensors(file))
 
 
 def resolve_weight_format(dtype: str, quantization: Optional[str], hf_config: dict,
