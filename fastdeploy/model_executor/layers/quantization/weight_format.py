@@ -100,7 +100,8 @@ def gguf_held_bytes(file) -> int:
     output.weight, lm_head's blocks read by `TiedEmbedding`); else it is looked up in float32 (4 bytes per
     value) and, when tied, also held as lm_head.
     Without the compiled GGUF ops every matrix is float32. A packed projection (q/k/v, gate/up) whose
-    parts differ in type is float32 in the model but counted here at its parts' sizes."""
+    parts differ in type is held in segments (gguf.py SegmentedGGUFLinearMethod): its parts' sizes,
+    counted here, plus a header and padding to 64 bytes per part, not counted."""
     from fastdeploy.model_executor.model_loader.gguf_loader import hf_tensors
     from fastdeploy.model_executor.model_loader.quantized import LINEAR_QTYPES, block_shape
 
