@@ -172,26 +172,6 @@ def huge_page_ranges(extents: list[tuple[int, int]], mappings: list[tuple[int, i
     return merged
 
 
-_MADV_HUGEPAGE = 14  # linux/mman.h
-
-
-def advise_huge_pages(address: int, size: int) -> bool:
-    """Ask for transparent huge pages on the 2 MiB-aligned interior of fresh memory [address, address +
-    size) before it is first written (madvise MADV_HUGEPAGE): its first touches then fault in 2 MiB
-    pages, not 4 KiB ones, which halves the time of copying a checkpoint into it (benchmarks/README.md,
-    "GGUF load"), and collapse_into_huge_pages finds it collapsed already. False where the range holds
-    no whole huge page or the kernel refuses (THP "never"); nothing changes then."""
-    lo, hi = -(-address // _HUGE_PAGE) * _HUGE_PAGE, (address + size) // _HUGE_PAGE * _HUGE_PAGE
-    if hi <= lo:
-        return False
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return False
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return madvise(lo, hi - lo, _MADV_HUGEPAGE) == 0
-
-
 def collapse_into_huge_pages(tensors) -> int:
     """Back the memory of `tensors` with transparent huge pages, now: `madvise(..., MADV_COLLAPSE)` over
     each 2 MiB page of `huge_page_ranges` of their data (neighbouring memory of the same mapping included).

@@ -2,8 +2,7 @@
 
 `empty_parameter` registers nothing and initialises nothing: the memory is `paddle.empty`'s
 (pages are committed only as loading writes them), so building a model costs no random
-initialisation; a large parameter's memory is advised into transparent huge pages before loading
-writes it (platforms/cpu.py `advise_huge_pages`). Loading (CausalLM.load_weights) calls `param.weight_loader(param, loaded, shard_id)`
+initialisation. Loading (CausalLM.load_weights) calls `param.weight_loader(param, loaded, shard_id)`
 for every checkpoint tensor; the loader copies it into the parameter's memory through a numpy view
 (DLPack, no copy of the parameter) and raises ValueError("has shape [...], expected [...]") on a
 wrong shape, which load_weights prefixes with the tensor's name. Under tensor parallelism `loaded` is
@@ -23,9 +22,6 @@ import paddle
 from paddle.base.framework import EagerParamBase
 
 from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
-from fastdeploy.platforms.cpu import advise_huge_pages
-
-HUGE_PAGES_FROM = 4 << 20  # bytes of a parameter from which its fresh memory is advised into huge pages
 
 
 def default_weight_loader(param: paddle.Tensor, loaded, shard_id: Optional[object] = None) -> None:
@@ -47,8 +43,6 @@ def empty_parameter(shape: list[int], dtype: str = "float32",
     """An uninitialised parameter (no gradient) whose loading hook is `weight_loader`: a released
     parameter object of the same shape and dtype with new memory when there is one, else a new one."""
     memory = paddle.empty(shape, dtype=dtype)
-    if memory.numel().item() * memory.element_size() >= HUGE_PAGES_FROM:
-        advise_huge_pages(memory.data_ptr(), memory.numel().item() * memory.element_size())
     with _released_lock:
         shelf = _released[(tuple(shape), str(memory.dtype))]
         param = shelf.pop() if shelf else None
