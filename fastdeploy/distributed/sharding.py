@@ -17,7 +17,8 @@ Per decoder layer, with N ranks:
 - norms, the MoE router and ERNIE's moe_statics are replicated.
 
 GGUF matrices stay quantized: a row split cuts whole rows; a column split must fall on a block
-boundary (32 weights), which `check_quantized_split` verifies before loading.
+boundary (quantized.block_values: 256 weights for the K-quants, 32 for the others), which
+`check_quantized_split` verifies before loading.
 
 The packed formats (bf16, wint8, wint4: layers/quantization/packed.py) are packed by each rank from
 its own float shard, in the layout of its local sizes (64-feature panels, the gate_up SwiGLU
@@ -41,9 +42,8 @@ import numpy as np
 
 from fastdeploy.config import ModelConfig
 from fastdeploy.model_executor.layers.quantization.packed import KIND_IDS, column_shard, input_multiple
-from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import QuantizedTensor, block_values
 
-GGUF_BLOCK_WEIGHTS = 32  # weights per block of the GGUF types kept quantized (Q4_0, Q4_1, Q8_0)
 
 _QUERY_ROWS = re.compile(r"\.self_attn\.q_proj\.(weight|bias)$")
 _KV_ROWS = re.compile(r"\.self_attn\.[kv]_proj\.(weight|bias)$")
@@ -113,14 +113,15 @@ class TensorParallelShard:
         """ValueError before loading when a GGUF matrix kept quantized would be cut inside a block.
 
         tensor_types: HF name -> ggml type of the matrices handed over as QuantizedTensors."""
-        for name in tensor_types:
+        for name, qtype in tensor_types.items():
             if _O_WEIGHT.search(name) or _DOWN_WEIGHT.search(name):
                 width = (self.q_rows[1] - self.q_rows[0] if _O_WEIGHT.search(name)
-                         else self.config.intermediate_size // self.size)
-                if width % GGUF_BLOCK_WEIGHTS:
+                         else (moe_intermediate_size(self.config) if ".experts." in name
+                               else self.config.intermediate_size) // self.size)
+                if width % block_values(qtype):
                     raise ValueError(
                         f"tensor_parallel_size={self.size}: rank {self.rank}'s {width} input columns of the "
-                        f"quantized {name!r} are not a multiple of the GGUF block ({GGUF_BLOCK_WEIGHTS} weights)")
+                        f"quantized {name!r} are not a multiple of the GGUF block ({block_values(qtype)} weights)")
 
     def row_parallel_inputs(self) -> dict[str, tuple[int, str]]:
         """This rank's input features of each row-parallel weight: {layer name pattern: (width, how it
@@ -188,8 +189,9 @@ def _rows(tensor, start: int, end: int):
 def _columns(tensor, start: int, end: int):
     """Input columns start:end: GGUF blocks, or a float ColumnShard (with the whole rows' absmax)."""
     if isinstance(tensor, QuantizedTensor):
-        block_bytes = tensor.blocks.shape[1] // (tensor.in_features // GGUF_BLOCK_WEIGHTS)
-        lo, hi = start // GGUF_BLOCK_WEIGHTS * block_bytes, end // GGUF_BLOCK_WEIGHTS * block_bytes
+        block = block_values(tensor.qtype)
+        block_bytes = tensor.blocks.shape[1] // (tensor.in_features // block)
+        lo, hi = start // block * block_bytes, end // block * block_bytes
         return QuantizedTensor(np.ascontiguousarray(tensor.blocks[:, lo:hi]), tensor.qtype, end - start)
     absmax = np.maximum(tensor.max(axis=1), -tensor.min(axis=1))  # no |tensor| temporary
     return column_shard(np.ascontiguousarray(tensor[:, start:end]), absmax)

@@ -12,7 +12,7 @@ from fastdeploy.config import ModelConfig
 from fastdeploy.distributed.sharding import TensorParallelShard, check_tensor_parallel, kv_head_range
 from fastdeploy.model_executor.layers.linear import Linear
 from fastdeploy.model_executor.layers.quantization.packed import BF16, WINT4, WINT8, PackedConfig, bf16_values
-from fastdeploy.model_executor.model_loader.quantized import Q4_1, Q8_0, QuantizedTensor
+from fastdeploy.model_executor.model_loader.quantized import Q4_1, Q4_K, Q8_0, QuantizedTensor
 
 SMOLLM = dict(architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
               num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
@@ -100,6 +100,20 @@ def test_gguf_split_inside_a_block_is_refused_before_loading():
     shard = TensorParallelShard(config(intermediate_size=96, num_key_value_heads=3), 0, 2)  # 48 columns
     with pytest.raises(ValueError, match="48 input columns .* not a multiple of the GGUF block"):
         shard.check_quantized_split({"model.layers.0.mlp.down_proj.weight": Q8_0})
+
+
+def test_k_quant_column_split_is_in_whole_256_weight_blocks():
+    """A K-quant block holds 256 weights: a split into 256 columns works, into 128 is refused."""
+    blocks = np.random.default_rng(3).integers(0, 256, (8, 2, 144), dtype=np.uint8)  # 2 blocks a row
+    blocks[..., 0:4] = np.array([0.01, 0.02], np.float16).view(np.uint8)  # d, dmin: small, finite
+    full = QuantizedTensor(blocks.reshape(8, -1), Q4_K, 512)
+    shard = TensorParallelShard(config(intermediate_size=512, num_key_value_heads=3), 1, 2)
+    shard.check_quantized_split({"model.layers.0.mlp.down_proj.weight": Q4_K})
+    part = shard.shard("model.layers.0.mlp.down_proj.weight", full)
+    np.testing.assert_array_equal(part.dequantize(), full.dequantize()[:, 256:])
+    narrow = TensorParallelShard(config(intermediate_size=256, num_key_value_heads=3), 0, 2)
+    with pytest.raises(ValueError, match="128 input columns .* GGUF block \\(256 weights\\)"):
+        narrow.check_quantized_split({"model.layers.0.mlp.down_proj.weight": Q4_K})
 
 
 def test_wint8_ranks_quantize_row_parallel_columns_as_the_whole_matrix():

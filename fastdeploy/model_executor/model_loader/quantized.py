@@ -24,6 +24,12 @@ _GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
 ROW_GROUP = 4  # rows per group of the interleaved layout
 
 
+def block_values(qtype: int) -> int:
+    """Weights per block of a LINEAR_QTYPES type along the input features: 256 for the K-quants, 32 for
+    the others (a column split of the matrix must fall on a multiple of it)."""
+    return ROW_MAJOR_BLOCKS[qtype][0] if qtype in ROW_MAJOR_BLOCKS else 32
+
+
 def row_major_shape(qtype: int, rows: int, in_features: int) -> list[int]:
     """Shape of a [rows, in_features] weight of a ROW_MAJOR_QTYPES type as GGUF stores it:
     [rows, in_features / values * block bytes] uint8. ValueError when in_features is not whole blocks."""
