@@ -36,9 +36,13 @@ def test_pool_smaller_than_one_sequence_is_rejected_with_its_numbers(no_model_bu
         assert part in message, f"{part!r} not in: {message}"
 
 
-def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(smollm_llm, no_model_build, monkeypatch):
+def test_memory_too_small_for_one_sequence_is_rejected_with_gib_numbers(smollm_llm, smollm_path, no_model_build,
+                                                                        monkeypatch):
+    from fastdeploy.model_executor.layers.quantization.weight_format import gguf_held_bytes
+    from fastdeploy.model_executor.model_loader.gguf_file import GGUFFile
+
     mc = smollm_llm.llm_engine.config.model_config
-    weights = mc.weight_bytes()
+    weights = gguf_held_bytes(GGUFFile(smollm_path))  # the default model is a GGUF file, held in its blocks
     tiny = 64 << 20
     monkeypatch.setattr(kv_cache_sizing, "available_memory_bytes", lambda: tiny)
     with pytest.raises(ValueError) as e:

@@ -11,7 +11,7 @@ import paddle
 import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
-from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
+from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod, SegmentedGGUFLinearMethod
 from fastdeploy.model_executor.model_loader.quantized import (Q4_0, Q4_1, Q8_0, QuantizedTensor,
                                                               blocks_from_interleaved)
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
@@ -114,18 +114,18 @@ def fused(rng, parts):
     return layer, dense
 
 
-@pytest.mark.parametrize("parts,kept_quantized", [
-    ([(24, Q4_1), (8, Q4_1), (8, Q4_1)], True),   # qkv-like, one type: one block matrix
-    ([(16, Q8_0)], True),
-    ([(7, Q4_0), (6, Q4_0)], True),  # shards not multiples of the 4-row groups; 13 rows: a partial group
-    ([(24, Q4_1), (8, Q8_0), (8, Q4_1)], False),  # mixed types: dequantized
-    ([(24, Q4_1), (8, None), (8, Q4_1)], False),  # a float part: dequantized
+@pytest.mark.parametrize("parts,method", [
+    ([(24, Q4_1), (8, Q4_1), (8, Q4_1)], GGUFLinearMethod),   # qkv-like, one type: one block matrix
+    ([(16, Q8_0)], GGUFLinearMethod),
+    ([(7, Q4_0), (6, Q4_0)], GGUFLinearMethod),  # shards not multiples of the 4-row groups; 13 rows: a partial group
+    ([(24, Q4_1), (8, Q8_0), (8, Q4_1)], SegmentedGGUFLinearMethod),  # mixed types: each part in its blocks
+    ([(24, Q4_1), (8, None), (8, Q4_1)], UnquantizedLinearMethod),  # a float part: dequantized
 ])
-def test_gguf_method_assembles_parts_in_row_order(parts, kept_quantized):
+def test_gguf_method_assembles_parts_in_row_order(parts, method):
     rng = np.random.default_rng(len(parts))
     layer, dense = fused(rng, parts)
-    assert isinstance(layer.method, GGUFLinearMethod) == kept_quantized  # the compiled op is built: types decide
-    assert layer.weight.dtype == (paddle.uint8 if kept_quantized else paddle.float32)
+    assert type(layer.method) is method  # the compiled op is built: types decide
+    assert layer.weight.dtype == (paddle.float32 if method is UnquantizedLinearMethod else paddle.uint8)
     x = rng.standard_normal((5, 64)).astype(np.float32)
     assert_matmul_close(layer(paddle.to_tensor(x)).numpy(), x, dense)
 

@@ -19,6 +19,7 @@ from fastdeploy.model_executor.layers.fused_decoder_layers import plan_layer_run
 from fastdeploy.model_executor.layers.linear import Linear, QuantConfig, select_linear_method
 from fastdeploy.model_executor.layers.mlp import DenseMLP
 from fastdeploy.model_executor.layers.normalization import RMSNorm
+from fastdeploy.model_executor.layers.parameters import release_parameters
 from fastdeploy.model_executor.layers.parallel import VocabParallelEmbedding, gather_logits, local_vocab_size
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 from fastdeploy.model_executor.model_loader.packed_modules import checkpoint_names_of, parameter_of
@@ -87,7 +88,8 @@ class CausalLM(paddle.nn.Layer):
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
         # one packed or GGUF copy serves both (each rank: its rows)
         self.embedding_reads_lm_head = config.tie_word_embeddings and reads_rows(self.lm_head.method)
-        if self.embedding_reads_lm_head:
+        if self.embedding_reads_lm_head:  # the embedding DecoderModel built gives way: its objects are kept for reuse
+            release_parameters(self.model.embed_tokens.parameters())
             tied = TiedEmbedding(self.lm_head)
             self.model.embed_tokens = tied if self.tp_group.size == 1 else VocabParallelEmbedding(
                 config.vocab_size, config.hidden_size, self.tp_group, tied)
