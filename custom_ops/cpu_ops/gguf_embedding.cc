@@ -14,17 +14,7 @@
 std::vector<paddle::Tensor> GgufEmbedding(const paddle::Tensor& ids, const paddle::Tensor& weight, int64_t qtype,
                                           int64_t rows, int64_t in_features) {
   PD_CHECK(ids.is_cpu() && ids.dtype() == paddle::DataType::INT64, "gguf_embedding: ids must be int64 on CPU");
-  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2,
-           "gguf_embedding: weight must be 2-D uint8 on CPU");
-  const RowFormat rf = RowFormatOf(qtype);
-  const Format f = FormatOf(qtype);
-  PD_CHECK(rf.values > 0 || f.group_bytes > 0, "gguf_embedding: unsupported GGUF type id ", qtype);
-  const int64_t values = rf.values > 0 ? rf.values : kBlock;
-  const int64_t weight_rows = rf.values > 0 ? rows : (rows + kGroup - 1) / kGroup;
-  const int64_t row_bytes = rf.values > 0 ? in_features / values * rf.bytes : in_features / values * f.group_bytes;
-  PD_CHECK(in_features % values == 0 && weight.shape()[0] == weight_rows && weight.shape()[1] == row_bytes,
-           "gguf_embedding: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", rows,
-           " rows of ", in_features, " weights of type ", qtype);
+  CheckBlockWeight(weight, qtype, rows, in_features, "gguf_embedding", "");
   const int64_t n = ids.numel();
   auto out = paddle::empty({n, in_features}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   const int64_t* id = ids.data<int64_t>();

@@ -182,24 +182,10 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
                                        int64_t out_features) {
   if (qtype == kSegmented) return {SegmentedProduct(x, weight, out_features)};
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32, "gguf_linear: x must be float32 on CPU");
-  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2,
-           "gguf_linear: weight must be 2-D uint8 on CPU");
-  const RowFormat rf = RowFormatOf(qtype);
-  const Format f = FormatOf(qtype);
-  PD_CHECK(rf.values > 0 || f.group_bytes > 0, "gguf_linear: unsupported GGUF type id ", qtype,
-           " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, ",
-           kSegmented, " segments of these)");
   const int64_t K = x.shape().back(), M = x.numel() / K, N = out_features;
-  if (rf.values > 0) {
-    PD_CHECK(K % rf.values == 0 && weight.shape()[0] == N && weight.shape()[1] == K / rf.values * rf.bytes,
-             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
-             " rows of ", K, " weights of type ", qtype, " (blocks of ", rf.values, " in ", rf.bytes, " bytes)");
-  } else {
-    PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (N + kGroup - 1) / kGroup &&
-                 weight.shape()[1] == K / kBlock * f.group_bytes,
-             "gguf_linear: weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", N,
-             " interleaved rows of ", K, " weights");
-  }
+  CheckBlockWeight(weight, qtype, N, K, "gguf_linear",
+                   " (supported: 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K, 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, " +
+                       std::to_string(kSegmented) + " segments of these)");
   std::vector<int64_t> out_shape = x.shape();
   out_shape.back() = N;
   auto y = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());

@@ -12,12 +12,35 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "gguf_blocks.h"
 #include "gguf_rows.h"
 
 namespace {
+
+// The check gguf_linear and gguf_embedding make of a weight: 2-D uint8 on CPU holding `rows` rows of `K`
+// weights of GGUF type `qtype` in the layout gguf_linear reads (row-major as the file stores them, or Q4_0 /
+// Q4_1 / Q8_0 interleaved in groups of kGroup rows). `supported` ends the message for an unknown type.
+inline void CheckBlockWeight(const paddle::Tensor& weight, int64_t qtype, int64_t rows, int64_t K, const char* op,
+                             const std::string& supported) {
+  PD_CHECK(weight.is_cpu() && weight.dtype() == paddle::DataType::UINT8 && weight.shape().size() == 2, op,
+           ": weight must be 2-D uint8 on CPU");
+  const RowFormat rf = RowFormatOf(qtype);
+  const Format f = FormatOf(qtype);
+  PD_CHECK(rf.values > 0 || f.group_bytes > 0, op, ": unsupported GGUF type id ", qtype, supported);
+  if (rf.values > 0) {
+    PD_CHECK(K % rf.values == 0 && weight.shape()[0] == rows && weight.shape()[1] == K / rf.values * rf.bytes, op,
+             ": weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", rows, " rows of ", K,
+             " weights of type ", qtype, " (blocks of ", rf.values, " in ", rf.bytes, " bytes)");
+  } else {
+    PD_CHECK(K % kBlock == 0 && weight.shape()[0] == (rows + kGroup - 1) / kGroup &&
+                 weight.shape()[1] == K / kBlock * f.group_bytes,
+             op, ": weight [", weight.shape()[0], ", ", weight.shape()[1], "] does not hold ", rows,
+             " interleaved rows of ", K, " weights");
+  }
+}
 
 // Row n of a row-major W of type QT ([N, K / values blocks]) -> out[K] float32
 template <int64_t QT>

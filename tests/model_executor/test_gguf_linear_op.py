@@ -12,8 +12,8 @@ import pytest
 
 from fastdeploy.model_executor.layers.linear import Linear, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod, SegmentedGGUFLinearMethod
-from fastdeploy.model_executor.model_loader.quantized import (Q4_0, Q4_1, Q8_0, QuantizedTensor,
-                                                              blocks_from_interleaved)
+from fastdeploy.model_executor.model_loader.quantized import (INTERLEAVED_BLOCKS, Q4_0, Q4_1, Q8_0, ROW_GROUP,
+                                                              QuantizedTensor)
 from fastdeploy.model_executor.ops import compiled_op, fallbacks_forced
 
 pytestmark = pytest.mark.usefixtures("ops_enabled")  # op tests run the compiled op even when fallbacks are forced
@@ -25,6 +25,26 @@ def quantized(rng, rows, cols, qtype) -> QuantizedTensor:
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 2.0, (rows, 1)).astype(np.float32)
     w[:, :32] += 0.5  # blocks with an offset (Q4_1's minimum m matters)
     return QuantizedTensor(gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype)), qtype, cols)
+
+
+def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:
+    """GGUF's row-major blocks [rows, in / 32 * block bytes] back from the compiled op's layout.
+
+    packed: [ceil(rows / 4), in / 32 * group bytes] uint8 from `gguf_interleave_rows`
+    (custom_ops/cpu_ops/gguf_linear.cc): rows in groups of 4, per group and block column the 4 rows'
+    scales d as float32, then (Q4_1) their minimums m as float32, then their 4 quant runs. The scales
+    came from float16, so converting back is exact.
+    """
+    headers, quant = INTERLEAVED_BLOCKS[qtype]
+    scales = headers // 2  # 1 (d) or 2 (d, m)
+    groups, row_bytes = packed.shape
+    group_bytes = 16 * scales + ROW_GROUP * quant
+    columns = packed.reshape(groups, row_bytes // group_bytes, group_bytes)
+    floats = np.ascontiguousarray(columns[:, :, : 16 * scales]).view(np.float32)  # [groups, columns, scales * 4]
+    halves = floats.reshape(groups, -1, scales, ROW_GROUP).transpose(0, 1, 3, 2).astype(np.float16)
+    quants = columns[:, :, 16 * scales :].reshape(groups, -1, ROW_GROUP, quant)
+    blocks = np.concatenate([np.ascontiguousarray(halves).view(np.uint8), quants], axis=-1)  # [g, col, 4, bytes]
+    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(groups * ROW_GROUP, -1)[:rows]
 
 
 def assert_matmul_close(y, x, w):

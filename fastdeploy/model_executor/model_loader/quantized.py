@@ -19,8 +19,8 @@ ROW_MAJOR_QTYPES = tuple(ROW_MAJOR_BLOCKS)
 LINEAR_QTYPES = INTERLEAVED_QTYPES + ROW_MAJOR_QTYPES
 FLOAT_QTYPES = (F32, F16, BF16)  # matrices gguf-py reads as floats (dense float32)
 
-# GGUF bytes per block: (scale and minimum bytes, quant bytes) as float16 headers then quants
-_GGUF_BLOCK = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
+# GGUF bytes per block of the interleaved types: (scale and minimum bytes, quant bytes), float16 headers then quants
+INTERLEAVED_BLOCKS = {Q4_0: (2, 16), Q4_1: (4, 16), Q8_0: (2, 32)}
 ROW_GROUP = 4  # rows per group of the interleaved layout
 
 
@@ -41,8 +41,8 @@ def row_major_shape(qtype: int, rows: int, in_features: int) -> list[int]:
 
 def interleaved_shape(qtype: int, rows: int, in_features: int) -> list[int]:
     """Shape of `gguf_interleave_rows`' output for a [rows, in_features] weight of `qtype`:
-    [ceil(rows / 4), in_features / 32 * group bytes] uint8 (see blocks_from_interleaved)."""
-    headers, quant = _GGUF_BLOCK[qtype]
+    [ceil(rows / 4), in_features / 32 * group bytes] uint8 (custom_ops/cpu_ops/gguf_blocks.h gives the layout)."""
+    headers, quant = INTERLEAVED_BLOCKS[qtype]
     group_bytes = 16 * (headers // 2) + ROW_GROUP * quant
     return [-(-rows // ROW_GROUP), in_features // 32 * group_bytes]
 
@@ -51,26 +51,6 @@ def block_shape(qtype: int, rows: int, in_features: int) -> list[int]:
     """Shape of the uint8 weight the compiled op reads for a [rows, in_features] matrix of a LINEAR_QTYPES
     type: interleaved_shape for INTERLEAVED_QTYPES, else row_major_shape (the file's bytes)."""
     return (interleaved_shape if qtype in INTERLEAVED_QTYPES else row_major_shape)(qtype, rows, in_features)
-
-
-def blocks_from_interleaved(packed: np.ndarray, qtype: int, rows: int) -> np.ndarray:
-    """GGUF's row-major blocks [rows, in / 32 * block bytes] back from the compiled op's layout.
-
-    packed: [ceil(rows / 4), in / 32 * group bytes] uint8 from `gguf_interleave_rows`
-    (custom_ops/cpu_ops/gguf_linear.cc): rows in groups of 4, per group and block column the 4 rows'
-    scales d as float32, then (Q4_1) their minimums m as float32, then their 4 quant runs. The scales
-    came from float16, so converting back is exact.
-    """
-    headers, quant = _GGUF_BLOCK[qtype]
-    scales = headers // 2  # 1 (d) or 2 (d, m)
-    groups, row_bytes = packed.shape
-    group_bytes = 16 * scales + ROW_GROUP * quant
-    columns = packed.reshape(groups, row_bytes // group_bytes, group_bytes)
-    floats = np.ascontiguousarray(columns[:, :, : 16 * scales]).view(np.float32)  # [groups, columns, scales * 4]
-    halves = floats.reshape(groups, -1, scales, ROW_GROUP).transpose(0, 1, 3, 2).astype(np.float16)
-    quants = columns[:, :, 16 * scales :].reshape(groups, -1, ROW_GROUP, quant)
-    blocks = np.concatenate([np.ascontiguousarray(halves).view(np.uint8), quants], axis=-1)  # [g, col, 4, bytes]
-    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(groups * ROW_GROUP, -1)[:rows]
 
 
 @dataclass

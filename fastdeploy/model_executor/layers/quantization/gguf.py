@@ -51,6 +51,13 @@ class GGUFConfig(QuantConfig):
         return GGUFLinearMethod(types[0], linear, interleave)
 
 
+def _check_announced_type(loaded, qtype: int) -> None:
+    """ValueError unless `loaded` is a QuantizedTensor of `qtype`, the type the file's header gave it."""
+    if not isinstance(loaded, QuantizedTensor) or loaded.qtype != qtype:
+        got = loaded.qtype if isinstance(loaded, QuantizedTensor) else "float"
+        raise ValueError(f"is of GGUF type {got}, but the file's header announced type {qtype}")
+
+
 class GGUFLinearMethod(LinearMethod):
     """W as GGUF blocks of `qtype`: row-major as the file stores them, or (INTERLEAVED_QTYPES) staged as
     GGUF rows until all shards have arrived, then interleaved once."""
@@ -68,9 +75,7 @@ class GGUFLinearMethod(LinearMethod):
         return empty_parameter(shape, "uint8", layer.weight_loader)
 
     def load(self, layer: Linear, loaded, start: int, end: int) -> None:
-        if not isinstance(loaded, QuantizedTensor) or loaded.qtype != self.qtype:
-            got = loaded.qtype if isinstance(loaded, QuantizedTensor) else "float"
-            raise ValueError(f"is of GGUF type {got}, but the file's header announced type {self.qtype}")
+        _check_announced_type(loaded, self.qtype)
         if not self.interleaved:  # the file's rows are the parameter's
             np.from_dlpack(layer.weight)[start:end] = loaded.blocks
             return
@@ -136,9 +141,7 @@ class SegmentedGGUFLinearMethod(LinearMethod):
         if segment is None:
             raise ValueError(f"rows {start}:{end} are not one part of this layer")
         qtype, _, _, shape, offset = segment
-        if not isinstance(loaded, QuantizedTensor) or loaded.qtype != qtype:
-            got = loaded.qtype if isinstance(loaded, QuantizedTensor) else "float"
-            raise ValueError(f"is of GGUF type {got}, but the file's header announced type {qtype}")
+        _check_announced_type(loaded, qtype)
         blocks = np.asarray(loaded.blocks)
         if qtype in INTERLEAVED_QTYPES:
             blocks = np.from_dlpack(self._interleave(as_paddle(np.ascontiguousarray(blocks)), qtype))
