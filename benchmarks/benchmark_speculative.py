@@ -330,6 +330,8 @@ def main():
         sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
     if "ours-draft" in names and not args.draft_model:
         sys.exit("engine ours-draft needs --draft-model")
+    if min(args.max_tokens, args.num_prompts, args.batch_size, args.num_speculative_tokens) < 1:
+        sys.exit("--max-tokens, --num-prompts, --batch-size and --num-speculative-tokens must be >= 1")
     if not 1 <= args.prompt_lookup_min <= args.prompt_lookup_max:
         sys.exit(f"need 1 <= --prompt-lookup-min <= --prompt-lookup-max, got {args.prompt_lookup_min}, "
                  f"{args.prompt_lookup_max}")
