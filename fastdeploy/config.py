@@ -216,6 +216,105 @@ class SchedulerConfig:
 
 
 @dataclass
+class DraftModelConfig:
+    """A draft model resolved at engine start (speculative_config method "draft_model"): its path,
+    its ModelConfig, the weight format it loads in (its quant_config for the model builder) and its KV
+    cache's dtype. Its cache has the target's blocks (the same block ids and tables), sized with it."""
+
+    path: str
+    model_config: "ModelConfig"
+    quant_config: object
+    kv_cache_dtype: str
+    weights_bytes: int
+
+
+SPECULATIVE_METHODS = ("ngram", "draft_model", "mtp")
+MAX_SPECULATIVE_TOKENS = 15  # k + 1 verified rows stay below the GGUF kernels' 16-row switch
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "max_ngram_size", "min_ngram_size",
+                    "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (`LLM(speculative_config={...})`, docs/speculative_decoding.md).
+
+    Attributes:
+        method: "ngram" (prompt lookup over the prompt and the output so far; FastDeploy's
+            "ngram_match" is the same), "draft_model" (a smaller zoo checkpoint sharing the tokenizer,
+            `model`) or "mtp" (the checkpoint's own next-token-prediction layers).
+        num_speculative_tokens: k, the drafts proposed per step (1..15).
+        model: the draft checkpoint (draft_model), as `LLM(model=)` takes it.
+        min_ngram_size, max_ngram_size: the n-gram lengths ngram matches, longest first (FastDeploy's
+            names; vLLM's prompt_lookup_min / prompt_lookup_max are the same settings).
+        disable_by_batch_size: no request speculates in a step while more than this many run (vLLM's
+            key); None: every batch size.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    model: Optional[str] = None
+    min_ngram_size: int = 2
+    max_ngram_size: int = 5
+    disable_by_batch_size: Optional[int] = None
+    draft: Optional[DraftModelConfig] = None  # "draft_model": resolved by the engine at start
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "SpeculativeConfig":
+        """Parse FastDeploy's and vLLM's keys. ValueError naming the key for an unknown key, a bad
+        value, a missing draft model or ngram sizes out of order; TypeError when `spec` is no dict."""
+        if not isinstance(spec, dict):
+            raise TypeError(f"speculative_config must be a dict, got {type(spec).__name__}")
+        unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown key(s) {unknown}; accepted: {list(SPECULATIVE_KEYS)}")
+        method = spec.get("method")
+        method = method.lower() if isinstance(method, str) else method
+        method = "ngram" if method == "ngram_match" else method
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {list(SPECULATIVE_METHODS)}, "
+                             f"got {spec.get('method')!r}")
+        if "num_speculative_tokens" not in spec:
+            raise ValueError("speculative_config['num_speculative_tokens'] is required: the drafts per step, "
+                             f"an int in [1, {MAX_SPECULATIVE_TOKENS}]")
+        k = _int_key(spec, "num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS, default=None)
+        model = spec.get("model")
+        if method == "draft_model" and not (isinstance(model, str) and model):
+            raise ValueError("speculative_config['model'] must name the draft checkpoint (a path or a name in "
+                             f"the local Hugging Face cache) when method is 'draft_model', got {model!r}")
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"speculative_config['model'] must be a str, got {model!r}")
+        low = _int_key(spec, "min_ngram_size", 1, None, default=2)
+        high = _int_key(spec, "max_ngram_size", 1, None, default=5)
+        vllm_low = _int_key(spec, "prompt_lookup_min", 1, None, default=None)
+        vllm_high = _int_key(spec, "prompt_lookup_max", 1, None, default=None)
+        if vllm_low is not None or vllm_high is not None:  # vLLM's rule: one given, the other copies it
+            low, high = vllm_low or vllm_high, vllm_high or vllm_low
+        if low > high:
+            raise ValueError(f"speculative_config: the smallest n-gram ({low}) must be <= the largest ({high}) "
+                             "(min_ngram_size / prompt_lookup_min <= max_ngram_size / prompt_lookup_max)")
+        limit = _int_key(spec, "disable_by_batch_size", 1, None, default=None)
+        return cls(method, k, model, low, high, limit)
+
+    @property
+    def draft_lookahead(self) -> int:
+        """KV slots a request needs past its verified tokens in a step: a draft model writes the K/V of
+        its k - 1 later drafts there after the step (ngram: none)."""
+        return self.num_speculative_tokens if self.method in ("draft_model", "mtp") else 0
+
+
+def _int_key(spec: dict, key: str, low: int, high: Optional[int], default):
+    """speculative_config[key] as an int in [low, high] (no upper bound when None); `default` when absent
+    or None."""
+    value = spec.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        allowed = f"an int in [{low}, {high}]" if high is not None else f"an int >= {low}"
+        raise ValueError(f"speculative_config[{key!r}] must be {allowed}, got {value!r}")
+    return value
+
+
+@dataclass
 class FDConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -237,6 +336,7 @@ class FDConfig:
     guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request
     logits_processors: list = field(default_factory=list)  # class specs (str), run in order (logits_processor/)
     pooler_config: Optional[PoolerConfig] = None  # a pooling model's pooler (engine/pooling_setup.py)
+    speculative_config: Optional[SpeculativeConfig] = None  # None: one token per request per step
 
     @property
     def runner(self) -> str:

@@ -34,6 +34,7 @@ LAYERS = [
     ("multimodal data", ["fastdeploy.multimodal"]),
     ("executor", ["fastdeploy.executor"]),
     ("worker", ["fastdeploy.worker"]),
+    ("speculative decoding", ["fastdeploy.spec_decode"]),
     ("tensor parallelism", ["fastdeploy.distributed"]),
     ("tool parsers", ["fastdeploy.tool_parsers"]),
     ("reasoning", ["fastdeploy.reasoning"]),

@@ -119,9 +119,9 @@ class KVCacheManager:
         new_computed_blocks: on admission (the request holds no block), its prefix hit from
             `get_computed_blocks`: the block table becomes the hit's blocks (one more reference
             each) followed by the new ones, and the new tokens follow the hit's tokens.
-        num_lookahead_tokens: slots reserved beyond the new tokens (speculative decoding's draft
-            tokens); 0 for everything this engine runs. A prefill-only request (pooling) needs none
-            either: its blocks cover exactly its prompt.
+        num_lookahead_tokens: slots reserved beyond the new tokens: where a draft model writes the
+            K/V of its later drafts after the step (speculative decoding, `free_slots_after` returns
+            them). A prefill-only request (pooling) needs none: its blocks cover exactly its prompt.
         Returns the blocks added to the table (possibly none), or None, changing nothing, when the
         pool has too few free blocks (free cached hits count against it: taking them removes them
         from the free queue).
@@ -145,6 +145,15 @@ class KVCacheManager:
         new_blocks = self.block_pool.allocate(need)
         request.block_ids.extend(new_blocks)
         return new_blocks
+
+    def free_slots_after(self, request: Request, num_tokens: int) -> None:
+        """Return the blocks past the first ceil(num_tokens / block_size) of the request's table to the
+        pool, tail first: slots reserved for drafts that were rejected, or lookahead. They hold no
+        prefix-cache block (those are full within the request's tokens)."""
+        keep = self.blocks_needed(num_tokens)
+        if len(request.block_ids) > keep:
+            self.block_pool.free(request.block_ids[keep:][::-1])
+            del request.block_ids[keep:]
 
     def free(self, request: Request) -> None:
         """Return the request's blocks to the pool, tail first (evicted before a prefix it may

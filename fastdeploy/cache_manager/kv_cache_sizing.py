@@ -32,19 +32,25 @@ def size_kv_cache(config: FDConfig, weights_bytes: int, dtype: str) -> CacheConf
     `dtype` ("float32" or "bfloat16": WeightFormat.kv_cache_dtype). weights_bytes: the weights as held
     (ModelConfig.weight_bytes of the resolved format). ValueError as num_kv_blocks."""
     cc, sc = config.cache_config, config.scheduler_config
+    spec = config.speculative_config
+    draft = spec.draft if spec is not None else None
+    extra = draft.model_config.kv_bytes_per_token(KV_CACHE_BYTES[draft.kv_cache_dtype]) if draft is not None else 0
     num_blocks = num_kv_blocks(cc, config.model_config, sc.max_model_len, sc.max_num_seqs, weights_bytes, dtype,
-                               sc.max_num_batched_tokens if config.pooling_task is not None else None)
+                               sc.max_num_batched_tokens if config.pooling_task is not None else None, extra)
     logger.info("total_block_num:%d (block_size %d, %d tokens, %s)", num_blocks, cc.block_size,
                 (num_blocks - 1) * cc.block_size, dtype)
     return dataclasses.replace(cc, num_blocks=num_blocks, dtype=dtype)
 
 
 def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, max_num_seqs: int,
-                  weights_bytes: int, dtype: str, pooling_step_tokens: Optional[int] = None) -> int:
+                  weights_bytes: int, dtype: str, pooling_step_tokens: Optional[int] = None,
+                  draft_bytes_per_token: int = 0) -> int:
     """Blocks in the pool, the null block included: `cache.num_gpu_blocks_override`, or as many blocks of
     `dtype` as the memory left beside `weights_bytes` holds, at most what max_num_seqs full sequences
     use, or for a pooling model (`pooling_step_tokens`: its token budget; its requests live one step) what
-    one step's prompts use. ValueError when the pool would not hold one max_model_len sequence."""
+    one step's prompts use. `draft_bytes_per_token`: a draft model's K/V per token (speculative
+    decoding), held in the same blocks. ValueError when the pool would not hold one max_model_len
+    sequence."""
     blocks_per_seq = -(-max_model_len // cache.block_size)
     num_blocks = cache.num_gpu_blocks_override
     if num_blocks is not None:
@@ -56,7 +62,7 @@ def num_kv_blocks(cache: CacheConfig, model: ModelConfig, max_model_len: int, ma
                 "max_model_len"
             )
         return num_blocks
-    block_bytes = model.kv_bytes_per_token(KV_CACHE_BYTES[dtype]) * cache.block_size
+    block_bytes = (model.kv_bytes_per_token(KV_CACHE_BYTES[dtype]) + draft_bytes_per_token) * cache.block_size
     available = available_memory_bytes()
     budget = cache.gpu_memory_utilization * available - weights_bytes
     needed = (blocks_per_seq + 1) * block_bytes

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig
+from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.engine import pooling_setup
 from fastdeploy.reasoning import get_reasoning_parser
@@ -165,6 +165,11 @@ class EngineArgs:
         hf_overrides: keys laid over config.json before the model is read (vLLM's), e.g. the
             Qwen3-Reranker form {"architectures": ["Qwen3ForSequenceClassification"],
             "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}.
+        speculative_config: speculative decoding, FastDeploy's and vLLM's keys: {"method": "ngram" |
+            "draft_model" | "mtp", "num_speculative_tokens": k, "model": the draft checkpoint,
+            "min_ngram_size"/"max_ngram_size" (or "prompt_lookup_min"/"prompt_lookup_max"),
+            "disable_by_batch_size"} (config.py `SpeculativeConfig`; docs/speculative_decoding.md).
+            None: one token per request per step.
     """
 
     model: Optional[str] = None
@@ -210,6 +215,7 @@ class EngineArgs:
     pooler_config: Optional[dict] = None
     override_pooler_config: Optional[dict] = None
     hf_overrides: Optional[dict] = None
+    speculative_config: Optional[dict] = None
 
     @classmethod
     def from_kwargs(cls, model, kwargs: dict) -> "EngineArgs":
@@ -273,6 +279,8 @@ class EngineArgs:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_budget_covers_decodes()
         self._check_multimodal_settings()
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
         self._check_ported_settings()
 
     def _check_ported_settings(self) -> None:
@@ -412,7 +420,26 @@ class EngineArgs:
             guided_decoding_disable_any_whitespace=self.guided_decoding_disable_any_whitespace,
             logits_processors=list(self.logits_processors or ()),
             pooler_config=pooler,
+            speculative_config=self._speculative(hf_config, pooler is not None),
         )
+
+
+    def _speculative(self, hf_config: dict, pooling: bool) -> Optional[SpeculativeConfig]:
+        """The parsed speculative_config, checked against the model: ValueError for a pooling model
+        (nothing is decoded) and for "mtp" on a checkpoint without next-token-prediction layers."""
+        if self.speculative_config is None:
+            return None
+        spec = SpeculativeConfig.from_dict(self.speculative_config)
+        if pooling:
+            raise ValueError("speculative_config: a pooling model decodes no tokens; leave it None")
+        if spec.method == "mtp":
+            layers = hf_config.get("num_nextn_predict_layers") or 0
+            raise ValueError(
+                "speculative_config['method']='mtp' needs the checkpoint's next-token-prediction layers "
+                f"(config.json num_nextn_predict_layers > 0 and their mtp_* weights); {self.model or 'the model'} "
+                f"has num_nextn_predict_layers={layers}" + (": MTP layers are not supported by this engine yet, "
+                                                            "use 'ngram' or 'draft_model'" if layers else ""))
+        return spec
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

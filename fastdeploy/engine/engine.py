@@ -31,6 +31,7 @@ from fastdeploy.cache_manager.block_pool import BlockPool
 from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.args_utils import EngineArgs
+from fastdeploy.engine.draft_setup import resolve_draft_model
 from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
@@ -56,7 +57,8 @@ class LLMEngine:
         self.block_pool = BlockPool(cc.num_blocks)
         self.kv_cache_manager = KVCacheManager(self.block_pool, cc.block_size, sc.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, sc.max_num_seqs, sc.max_num_batched_tokens,
-                                   sc.enable_chunked_prefill, sc.long_prefill_token_threshold)
+                                   sc.enable_chunked_prefill, sc.long_prefill_token_threshold,
+                                   fd_config.speculative_config)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         tool_parser = get_tool_parser(fd_config.tool_call_parser) if fd_config.tool_call_parser else None
@@ -88,6 +90,10 @@ class LLMEngine:
         weights_bytes = (gguf_held_bytes(source.gguf_file) if weight_format.name == "gguf" else
                          config.model_config.weight_bytes(weight_format.bytes_per_weight,
                                                           weight_format.lm_head_bytes_per_weight))
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            spec.draft = resolve_draft_model(config, tokenizer, args.dtype, args.quantization)
+            weights_bytes += spec.draft.weights_bytes
         config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
         if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config, weight_format.quant_config)

@@ -93,6 +93,10 @@ class RequestMetrics:
         time_in_queue: seconds from arrival to inference start.
         model_forward_time: seconds from inference start to the last token.
         model_execute_time: seconds from arrival to the last token (queue + inference).
+        num_draft_tokens: draft tokens verified (speculative decoding; 0 without), over the prompt's
+            completions.
+        num_accepted_tokens: those accepted; num_accepted_tokens / num_draft_tokens is the
+            acceptance rate. Tokens accepted after a stop are counted though not returned.
     """
 
     arrival_time: float
@@ -101,6 +105,8 @@ class RequestMetrics:
     time_in_queue: Optional[float] = None
     model_forward_time: Optional[float] = None
     model_execute_time: Optional[float] = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -248,6 +254,8 @@ class Request(TokenSequence):
     prefix_chain_broken: bool = False  # a block's key named other content: register no more blocks
     num_cached_tokens: Optional[int] = None  # prefix-cache hit at first admission
     pooling_params: Optional[PoolingParams] = None  # a pooling request's resolved PoolingParams
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts proposed for its next step
+    spec_state: Any = None  # the speculation policy's record of its recent drafts (spec_decode/policy.py)
 
     @property
     def wants_prompt_logprobs(self) -> bool:

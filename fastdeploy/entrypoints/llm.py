@@ -460,7 +460,8 @@ def _is_token_id(value) -> bool:
 
 
 class _ProgressBar:
-    """tqdm over finished requests, showing input and output tokens/s since the call started."""
+    """tqdm over finished requests, showing input and output tokens/s since the call started and, under
+    speculative decoding, the share of draft tokens accepted."""
 
     def __init__(self, total: int):
         self.bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True,
@@ -468,17 +469,22 @@ class _ProgressBar:
         self.start = time.perf_counter()
         self.input_tokens = 0
         self.output_tokens = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
 
     def update(self, output) -> None:
         """One finished RequestOutput (or PoolingRequestOutput: no output tokens)."""
         self.input_tokens += len(output.prompt_token_ids)
         if isinstance(output, RequestOutput):
             self.output_tokens += sum(len(c.token_ids) for c in output.outputs)
+            self.draft_tokens += output.metrics.num_draft_tokens
+            self.accepted_tokens += output.metrics.num_accepted_tokens
         elapsed = max(time.perf_counter() - self.start, 1e-9)
-        self.bar.set_postfix_str(
-            f"est. speed input: {self.input_tokens / elapsed:.2f} toks/s, "
-            f"output: {self.output_tokens / elapsed:.2f} toks/s"
-        )
+        postfix = (f"est. speed input: {self.input_tokens / elapsed:.2f} toks/s, "
+                   f"output: {self.output_tokens / elapsed:.2f} toks/s")
+        if self.draft_tokens:
+            postfix += f", accepted drafts: {100 * self.accepted_tokens / self.draft_tokens:.0f}%"
+        self.bar.set_postfix_str(postfix)
         self.bar.update(1)
 
     def close(self) -> None:

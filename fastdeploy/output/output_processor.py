@@ -116,12 +116,20 @@ class OutputProcessor:
             if entry is not None:  # else aborted meanwhile
                 outputs.append(_pooling_output(req_id, *entry, data))
         advanced = {}
-        for req_id, token_id in runner_output.sampled_token_ids.items():
+        for req_id, token_ids in runner_output.sampled_token_ids.items():
             state = self.states.get(req_id)
             if state is None:  # no completion waits for it (aborted): the scheduler must drop it too
                 finished_ids.append(req_id)
                 continue
-            done = self._append(state, token_id, runner_output.logprobs.get(req_id))
+            drafted = runner_output.num_draft_tokens.get(req_id, 0)
+            if drafted:
+                state.metrics.num_draft_tokens += drafted
+                state.metrics.num_accepted_tokens += len(token_ids) - 1
+            logprobs = runner_output.logprobs.get(req_id)
+            for i, token_id in enumerate(token_ids):  # a stop among accepted drafts drops the rest
+                done = self._append(state, token_id, logprobs, i)
+                if done:
+                    break
             if failed and req_id in failed and not done:
                 state.finish_reason, state.error, done = "abort", failed[req_id], True
             if done:
@@ -137,11 +145,12 @@ class OutputProcessor:
                 outputs.append(self._make_output(group))
         return finished_ids, outputs
 
-    def _append(self, state: RequestState, token_id: int, logprobs) -> bool:
+    def _append(self, state: RequestState, token_id: int, logprobs, row: int) -> bool:
+        """Append one token (its logprobs at `row` of the step's arrays); True when the completion ended."""
         try:
             if logprobs is not None:
-                state.logprobs.append(logprobs_dict(logprobs, 0, token_id, self.token_texts))
-                state.cumulative_logprob += float(logprobs.token_logprobs[0])
+                state.logprobs.append(logprobs_dict(logprobs, row, token_id, self.token_texts))
+                state.cumulative_logprob += float(logprobs.token_logprobs[row])
             done = append_token(state, token_id)
         except Exception as e:  # this completion fails alone; the rest of the batch goes on
             logger.exception("request %s failed while processing its output", state.request_id)
@@ -264,4 +273,6 @@ def _metrics(group: GroupState) -> RequestMetrics:
         if firsts:
             m.first_token_time = min(firsts) - m.inference_start_time
     m.model_execute_time = now - m.arrival_time
+    m.num_draft_tokens = sum(c.num_draft_tokens for c in completions)
+    m.num_accepted_tokens = sum(c.num_accepted_tokens for c in completions)
     return m

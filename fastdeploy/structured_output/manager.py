@@ -153,23 +153,24 @@ class StructuredOutputManager:
         self.backend.fill_bitmask(matchers, bitmask)
         return bitmask
 
-    def accept_tokens(self, sampled_token_ids: dict[str, int]) -> dict[str, str]:
-        """Advance each constrained request by its sampled token; returns {req_id: error} for the
-        requests whose grammar rejected the token (they cannot go on)."""
+    def accept_tokens(self, sampled_token_ids: dict[str, list[int]]) -> dict[str, str]:
+        """Advance each constrained request by the tokens it gained in the step (one: constrained
+        requests do not speculate); returns {req_id: error} for the requests whose grammar rejected a
+        token (they cannot go on)."""
         failed = {}
         if not self.requests:
             return failed
-        for req_id, token_id in sampled_token_ids.items():
+        for req_id, token_ids in sampled_token_ids.items():
             grammar = self.requests.get(req_id)
-            if grammar is None:
-                continue
-            if not grammar.reasoning_ended:  # thinking: unconstrained; the closing token is not fed
-                grammar.tail = (grammar.tail + [token_id])[-TAIL_TOKENS:]
-                grammar.reasoning_ended = self.reasoning_end.closes(grammar.tail)
-                continue
-            if not self.backend.accept_token(grammar.matcher, token_id):
-                failed[req_id] = (f"token {token_id} is not allowed by the request's guided_decoding constraint "
-                                  "(no token was: e.g. min_tokens banned EOS where the grammar allows only EOS)")
+            for token_id in token_ids if grammar is not None else ():
+                if not grammar.reasoning_ended:  # thinking: unconstrained; the closing token is not fed
+                    grammar.tail = (grammar.tail + [token_id])[-TAIL_TOKENS:]
+                    grammar.reasoning_ended = self.reasoning_end.closes(grammar.tail)
+                elif not self.backend.accept_token(grammar.matcher, token_id):
+                    failed[req_id] = (f"token {token_id} is not allowed by the request's guided_decoding "
+                                      "constraint (no token was: e.g. min_tokens banned EOS where the grammar "
+                                      "allows only EOS)")
+                    break
         return failed
 
     def shutdown(self) -> None:

@@ -9,6 +9,14 @@ nothing). Requests asking for prompt logprobs also get logits at every prompt po
 chunk that predicts a prompt token not yet scored. A step that schedules image/video placeholder
 tokens hands the model `inputs_embeds` with the encoder's rows there (worker/multimodal.py), and
 input_ids as well (a multimodal MoE routes on them).
+
+Speculative decoding (spec_decode/): a request the scheduler gives drafts
+(`SchedulerOutput.scheduled_spec_decode_tokens`) computes its last token and the drafts in the same
+ragged batch, samples every one of those rows as the non-speculative steps would have
+(`worker/verify_rows.py`), and keeps the drafts up to the first that differs from its row's sample
+(spec_decode/verify.py); the K/V of the rejected ones stay in slots past its tokens and are
+overwritten later. After sampling, the proposer (n-gram lookup, a draft model) proposes the drafts of
+the requests in `spec_decode_req_ids` for their next step.
 """
 from __future__ import annotations
 
@@ -27,10 +35,13 @@ from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.logits_processor import build_logits_processors
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.platforms.cpu import collapse_into_huge_pages
+from fastdeploy.spec_decode.proposer import make_proposer
+from fastdeploy.spec_decode.verify import accepted_tokens
 from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
 from fastdeploy.worker.multimodal import inputs_embeds, multimodal_rows, release_encoder_outputs
 from fastdeploy.worker.request_state import CachedRequestState
 from fastdeploy.worker.sampling_inputs import num_logprobs, sampling_metadata
+from fastdeploy.worker.verify_rows import verify_rows
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows, vocab] temporaries)
 
@@ -47,6 +58,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.logits_processors = build_logits_processors(fd_config) if samples else []
         self.kv_caches = self._allocate_kv_caches()
+        self.proposer = make_proposer(fd_config) if samples and fd_config.speculative_config is not None else None
         self.huge_page_bytes = collapse_into_huge_pages(model.parameters())  # decode streams them every step
 
     def _allocate_kv_caches(self) -> list:
@@ -67,6 +79,7 @@ class ModelRunner:
             self.requests[new.req_id] = CachedRequestState.from_new(new)  # replaces a stale copy
         for cached in out.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
+            del state.block_ids[cached.num_kept_blocks :]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
 
@@ -80,54 +93,76 @@ class ModelRunner:
             return result
         order = sorted(out.num_scheduled_tokens.items(), key=lambda item: item[1])  # decodes first
         scheduled = [(self.requests[req_id], n) for req_id, n in order]
-        (input_ids, positions, meta, logits_indices), samplers, prompt_rows, poolers = self._prepare(scheduled)
+        drafts = out.scheduled_spec_decode_tokens
+        (input_ids, positions, meta, logits_indices), samplers, prompt_rows, poolers = self._prepare(scheduled, drafts)
         mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
         embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
         hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
         if poolers:
             result.pooler_output = self._pool(np.from_dlpack(hidden), poolers)
+        sample_drafts = [drafts.get(state.req_id, []) for state in samplers]
+        num_sample_rows = len(samplers) + sum(map(len, sample_drafts))
         if samplers or prompt_rows:
-            logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [samplers + prompt rows, vocab]
+            logits = self.model.compute_logits(paddle.gather(hidden, logits_indices))  # [sample + prompt rows, vocab]
             logits = np.from_dlpack(logits)  # zero-copy view; see layers/sample/sampler.py
         if prompt_rows:
-            result.prompt_logprobs = self._prompt_logprobs(logits[len(samplers):], prompt_rows)
+            result.prompt_logprobs = self._prompt_logprobs(logits[num_sample_rows:], prompt_rows)
         for state, n in scheduled:
             state.num_computed_tokens += n
             if state.encoder_outputs:
                 release_encoder_outputs(state)
         if samplers:
-            tokens, all_logprobs = self._sample(logits[: len(samplers)], samplers, out.grammar_bitmask)
-            for state, token, logprobs in zip(samplers, tokens, all_logprobs):
-                state.output_token_ids.append(token)
-                result.sampled_token_ids[state.req_id] = token
+            tokens, all_logprobs = self._sample(logits[:num_sample_rows], samplers, sample_drafts, out.grammar_bitmask)
+            for state, kept, step_drafts, logprobs in zip(samplers, tokens, sample_drafts, all_logprobs):
+                state.num_computed_tokens -= len(step_drafts) - (len(kept) - 1)  # rejected drafts' slots
+                state.output_token_ids.extend(kept)
+                result.sampled_token_ids[state.req_id] = kept
+                if step_drafts:
+                    result.num_draft_tokens[state.req_id] = len(step_drafts)
                 if logprobs is not None:
                     result.logprobs[state.req_id] = logprobs
+            if self.proposer is not None:
+                proposing = [state for state in samplers if state.req_id in out.spec_decode_req_ids]
+                result.draft_token_ids = self.proposer.propose(proposing, scheduled) if proposing else {}
         return result
 
-    def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState],
-                grammar: Optional[GrammarBitmask]) -> tuple[list[int], list]:
-        """(token id, logprobs or None) of each sampling row of logits [len(samplers), vocab]; rows of
-        constrained requests are masked by the step's grammar bitmask (waited for here)."""
-        metadata = sampling_metadata(samplers, self.rng, self.vocab_size, self.config.logprobs_mode,
+    def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState], drafts: list[list[int]],
+                grammar: Optional[GrammarBitmask]) -> tuple[list[list[int]], list]:
+        """(tokens kept, their logprobs or None) of each sampler from logits [rows, vocab]: one row per
+        sampler, or 1 + its drafts' rows for one verifying drafts (the drafts kept up to the first that
+        its row's sample rejects, then that sample). Rows of constrained requests (which verify no
+        drafts) are masked by the step's grammar bitmask (waited for here)."""
+        rows, owners = verify_rows(samplers, drafts)  # a row's sampling state; [samplers + 1] first rows
+        metadata = sampling_metadata(rows, self.rng, self.vocab_size, self.config.logprobs_mode,
                                      self.logits_processors)
         if grammar is not None:
-            row_of = {state.req_id: row for row, state in enumerate(samplers)}
+            row_of = {state.req_id: owners[i] for i, state in enumerate(samplers)}
             metadata.grammar_rows = np.array([row_of[req_id] for req_id in grammar.req_ids], np.int64)
             metadata.grammar_bitmask = grammar.bitmask()
         sampled = sample(logits, metadata)
-        return sampled.token_ids.tolist(), sampled.logprobs
+        targets = sampled.token_ids.tolist()
+        tokens, logprobs = [], []
+        for i, step_drafts in enumerate(drafts):
+            first = owners[i]
+            kept = accepted_tokens(targets[first : owners[i + 1]], step_drafts)
+            tokens.append(kept)
+            parts = sampled.logprobs[first : first + len(kept)]
+            logprobs.append(_concat_logprobs(parts) if parts[0] is not None else None)
+        return tokens, logprobs
 
-    def _prepare(self, scheduled: list[tuple[CachedRequestState, int]]):
+    def _prepare(self, scheduled: list[tuple[CachedRequestState, int]], drafts: dict[str, list[int]]):
         """The model's inputs (input_ids [n], positions [n] or [3, n], ForwardMeta, logits_indices
-        [rows]), the states that sample (in row order), prompt-logprob rows (state, position,
-        flattened row), and the pooling requests whose prompt is whole in this step (state, first row,
-        end row)."""
+        [rows]), the states that sample (in row order; one verifying drafts has its last token's row
+        and its drafts' rows), prompt-logprob rows (state, position, flattened row), and the pooling
+        requests whose prompt is whole in this step (state, first row, end row)."""
         input_ids, positions, token_types, sample_rows, samplers, prompt_rows, poolers = [], [], [], [], [], [], []
         for state, n in scheduled:
-            start, end = state.num_computed_tokens, state.num_computed_tokens + n
+            step_drafts = drafts.get(state.req_id, ())
+            start, end = state.num_computed_tokens, state.num_computed_tokens + n - len(step_drafts)
             first_row = len(input_ids)
             input_ids += state.token_ids_between(start, end)
-            positions.append(state.positions_between(start, end))
+            input_ids += step_drafts
+            positions.append(state.positions_between(start, end + len(step_drafts)))
             if state.token_type_ids is not None:
                 token_types.append((first_row, state.token_types_between(start, end)))
             if state.pooling_params is not None:
@@ -135,7 +170,7 @@ class ModelRunner:
                     raise RuntimeError(f"pooling request {state.req_id} was scheduled in part: tokens {start}-{end}")
                 poolers.append((state, first_row, len(input_ids)))
             elif end == state.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
+                sample_rows += range(len(input_ids) - 1 - len(step_drafts), len(input_ids))
                 samplers.append(state)
             if state.wants_prompt_logprobs:
                 # logits at position p score prompt token p + 1

@@ -37,6 +37,7 @@ class CachedRequestState(TokenSequence):
     # built on the first step that samples (worker/sampling_inputs.py), kept until the request leaves:
     logit_bias_arrays: Optional[tuple] = field(default=None, repr=False)  # (ids [k] int64, biases [k] float32)
     disallowed_mask: Optional[np.ndarray] = field(default=None, repr=False)  # [vocab] bool, allowed_token_ids
+    num_draft_computed_tokens: int = 0  # tokens in a draft model's KV cache (spec_decode/draft_model.py)
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> "CachedRequestState":

@@ -121,13 +121,22 @@ class TensorParallelModelRunner(ModelRunner):
         super().__init__(fd_config, model, samples=group.rank == 0)
         self.group = group
 
-    def _sample(self, logits, samplers, grammar):
+    def _sample(self, logits, samplers, drafts, grammar):
+        """Rank 0 samples and verifies; every rank gets each sampler's kept tokens (a broadcast of one
+        slot per row: the kept count first, the tokens after it, so every rank knows the size)."""
+        rows = len(samplers) + sum(map(len, drafts))
         if self.group.rank == 0:  # the only rank that samples, so the only one that masks
-            tokens, logprobs = super()._sample(logits, samplers, grammar)
-            ids = as_paddle(np.asarray(tokens, dtype=np.int64))
+            tokens, logprobs = super()._sample(logits, samplers, drafts, grammar)
+            packed = np.concatenate([[len(kept)] + kept + [0] * (len(step_drafts) + 1 - len(kept))
+                                     for kept, step_drafts in zip(tokens, drafts)])
+            ids = as_paddle(packed.astype(np.int64))
         else:
-            ids, logprobs = paddle.zeros([len(samplers)], dtype="int64"), [None] * len(samplers)
-        return self.group.broadcast(ids, src=0).numpy().tolist(), logprobs
+            ids, logprobs = paddle.zeros([len(samplers) + rows], dtype="int64"), [None] * len(samplers)
+        packed, tokens, at = self.group.broadcast(ids, src=0).numpy().tolist(), [], 0
+        for step_drafts in drafts:
+            tokens.append(packed[at + 1 : at + 1 + packed[at]])
+            at += len(step_drafts) + 2
+        return tokens, logprobs
 
 
 def serve(conn: Connection, runner, rank: int, relay=None) -> None:

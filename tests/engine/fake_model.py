@@ -27,7 +27,7 @@ def scheduled(sched: Scheduler, out: SchedulerOutput) -> list[tuple[Request, int
 def apply_step(sched: Scheduler, out: SchedulerOutput, next_token: Callable[[Request], int]) -> list[Request]:
     """Run the step as the model would: every request whose whole sequence is now computed gets
     `next_token(request)`; those that reach max_tokens finish. Returns the finished requests."""
-    sampled = {r.request_id: next_token(r) for r, n in scheduled(sched, out) if r.num_computed_tokens + n == r.num_tokens}
+    sampled = {r.request_id: [next_token(r)] for r, n in scheduled(sched, out) if r.num_computed_tokens + n == r.num_tokens}
     sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
     done = [sched.requests[req_id] for req_id in sampled]
     done = [r for r in done if len(r.output_token_ids) == r.sampling_params.max_tokens]

@@ -51,7 +51,7 @@ def test_step_messages_pickle_and_carry_no_request(smollm_llm, monkeypatch):
     assert sorted(new_ids) == sorted(o.request_id for o in out)
     assert [len(s.scheduled_cached_reqs) for s in sent[1:]] == [2, 2]
     for o in out:
-        tokens = [r.sampled_token_ids[o.request_id] for r in returned if o.request_id in r.sampled_token_ids]
+        tokens = [t for r in returned for t in r.sampled_token_ids.get(o.request_id, [])]
         assert tokens == o.outputs.token_ids
         assert all(isinstance(r.logprobs[o.request_id].token_logprobs, np.ndarray) for r in returned)
     assert sent[0].scheduled_new_reqs[0].positions.tolist() == list(range(4))

@@ -137,7 +137,7 @@ def fake_run(llm, texts, seen):
                 engine.output_processor.on_scheduled(state.request_id, 0.0, None)
             for step in range(max(map(len, streams.values()))):
                 finished, done = engine.output_processor.process(ModelRunnerOutput(
-                    sampled_token_ids={r: s[step] for r, s in streams.items() if step < len(s)}))
+                    sampled_token_ids={r: [s[step]] for r, s in streams.items() if step < len(s)}))
                 engine.finish_requests(finished)
                 outputs += done
         return outputs
@@ -227,7 +227,7 @@ def finish(processor, tokenizer, texts, eos, skip=False):
     outputs = []
     for step in range(max(map(len, streams.values()))):
         _, done = processor.process(ModelRunnerOutput(
-            sampled_token_ids={i: s[step] for i, s in streams.items() if step < len(s)}))
+            sampled_token_ids={i: [s[step]] for i, s in streams.items() if step < len(s)}))
         outputs += done
     assert len(outputs) == 1
     return outputs[0]

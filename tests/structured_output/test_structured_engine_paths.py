@@ -95,14 +95,14 @@ def test_eos_only_where_the_grammar_may_end(manager, tok):
     eos = tok.eos_token_id
     assert not mask_of(manager, "r")[eos]
     for t in tok.encode("ab", add_special_tokens=False):
-        assert manager.accept_tokens({"r": t}) == {}
+        assert manager.accept_tokens({"r": [t]}) == {}
     allowed = mask_of(manager, "r")
     assert allowed[eos] and allowed.sum() > 1  # complete, or go on with "cd"
     for t in tok.encode("cd", add_special_tokens=False):
-        assert manager.accept_tokens({"r": t}) == {}
+        assert manager.accept_tokens({"r": [t]}) == {}
     assert np.flatnonzero(mask_of(manager, "r")).tolist() == [eos]
     bad = tok.encode("x", add_special_tokens=False)[0]
-    assert "not allowed" in manager.accept_tokens({"r": bad})["r"]
+    assert "not allowed" in manager.accept_tokens({"r": [bad]})["r"]
     manager.remove(["r"])
 
 
@@ -113,7 +113,7 @@ def test_the_constraint_starts_after_the_thinking(manager, tok):
     assert mask_of(manager, "open") is None  # thinking: no row, the request samples freely
     assert mask_of(manager, "closed") is not None
     for t in tok.encode("hmm, let me see</think>", add_special_tokens=False):
-        assert manager.accept_tokens({"open": t}) == {}  # free text is not fed to the grammar
+        assert manager.accept_tokens({"open": [t]}) == {}  # free text is not fed to the grammar
     allowed = mask_of(manager, "open")
     digits = [tok.encode(str(d), add_special_tokens=False)[0] for d in range(10)]
     assert allowed is not None and allowed[digits].all() and not allowed[tok.encode("a", add_special_tokens=False)[0]]

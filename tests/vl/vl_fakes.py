@@ -28,7 +28,7 @@ class RecordingExecutor:
             state = self.totals[req_id]
             state[1] += n
             if state[1] == state[0]:
-                sampled[req_id] = self.TOKEN
+                sampled[req_id] = [self.TOKEN]
                 state[0] += 1
         return ModelRunnerOutput(sampled_token_ids=sampled)
 
@@ -41,7 +41,7 @@ class RecordingExecutor:
 
 
 def apply_step(sched, out):
-    sampled = {rid: 7 for rid, n in out.num_scheduled_tokens.items()
+    sampled = {rid: [7] for rid, n in out.num_scheduled_tokens.items()
                if sched.requests[rid].num_computed_tokens + n == sched.requests[rid].num_tokens}
     sched.update_from_output(out, ModelRunnerOutput(sampled_token_ids=sampled))
     done = [rid for rid in sampled if len(sched.requests[rid].output_token_ids) == sched.requests[rid].sampling_params.max_tokens]

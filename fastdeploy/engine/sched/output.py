@@ -76,11 +76,14 @@ class NewRequestData:
 
 @dataclass
 class CachedRequestData:
-    """A request the runner already holds: the blocks it received this step (appended to its table)."""
+    """A request the runner already holds: its block table is cut to its first `num_kept_blocks`
+    blocks (the scheduler freed the blocks of rejected draft tokens since the runner last heard of the
+    request) and the blocks it received this step are appended."""
 
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int  # tokens in the KV cache before this step (a check on the runner's state)
+    num_kept_blocks: int = 0
 
 
 class GrammarBitmask:
@@ -119,6 +122,10 @@ class SchedulerOutput:
         preempted_req_ids: requests preempted in this step (drop their state; they come back new).
         grammar_bitmask: the token masks of the constrained requests that sample in this step, or
             None (structured_output/manager.py).
+        scheduled_spec_decode_tokens: req_id -> the draft tokens verified in this step (speculative
+            decoding): they follow the request's last token, and its `num_scheduled_tokens` count them.
+        spec_decode_req_ids: the requests the runner proposes drafts for after this step, if they
+            sample in it (speculation is on for them in the next step).
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -127,6 +134,8 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
     grammar_bitmask: Optional[GrammarBitmask] = None
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    spec_decode_req_ids: set[str] = field(default_factory=set)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -21,6 +21,13 @@ an item, or takes the item whole (past the threshold, within the step's budget),
 encodes each item in the step that computes its tokens. The input processor refuses items longer
 than the budget, so every item fits some step.
 
+With speculative decoding (`speculative_config`), a decode in step 1 also verifies the drafts the
+runner proposed for it, as many as the policy (spec_decode/policy.py) and the budget allow: it
+computes 1 + k tokens, with blocks for them and, for a draft model, lookahead slots where the draft
+writes its next drafts' K/V after the step. If the pool cannot give those, it decodes one token as
+usual. `update_from_output` counts only the accepted drafts as computed and frees the blocks past
+the request's tokens. Drafts' blocks are registered in the prefix cache only once accepted.
+
 When the pool has no block for a request of steps 1-2, the most recently admitted running request
 is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
 goes back to the front of the queue; no new request joins in that step.
@@ -33,7 +40,8 @@ forgets prefix-cache blocks registered for KV that was never written, requests a
 step go back to the queue, and every scheduled request is sent to the runner again in full.
 
 Invariants: at most `max_num_seqs` requests run; at most `max_num_batched_tokens` tokens per step;
-a request holds exactly ceil(num_computed_tokens_after_step / block_size) blocks; a finished
+a request holds exactly ceil(num_computed_tokens_after_step / block_size) blocks (with speculative
+decoding, ceil(num_tokens / block_size) once the step's result is applied); a finished
 request holds none; every block's reference count equals the number of block tables holding it.
 """
 from __future__ import annotations
@@ -41,9 +49,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
+from typing import Optional
+
 from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
+from fastdeploy.config import SpeculativeConfig
 from fastdeploy.engine.request import Request, RequestStatus
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from fastdeploy.spec_decode.policy import SpeculationPolicy
 from fastdeploy.worker.output import ModelRunnerOutput
 
 
@@ -55,6 +67,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
         long_prefill_token_threshold: int = 0,
+        speculative_config: Optional[SpeculativeConfig] = None,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
@@ -67,6 +80,8 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_ids: set[str] = set()  # finished since the last step: the runner drops them
         self._step: _Step = _Step(0)  # the last step built, kept for rollback
+        self.spec_policy = SpeculationPolicy(speculative_config) if speculative_config is not None else None
+        self.lookahead = speculative_config.draft_lookahead if speculative_config is not None else 0
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -80,6 +95,7 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         step = self._step = _Step(self.max_num_batched_tokens)
+        step.speculating = self.spec_policy is not None and self.spec_policy.step_is_on(len(self.running))
         self.kv_cache_manager.begin_step()
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
@@ -90,6 +106,12 @@ class Scheduler:
             num_new = whole_items_chunk(request.mm_features, request.num_computed_tokens, num_new, step.budget)
             if num_new <= 0:
                 continue
+            if step.speculating and request.num_tokens - request.num_computed_tokens == 1:
+                drafts = self._reserve_speculative(request, step)
+                if drafts is not None:
+                    step.add(request, 1 + len(drafts))
+                    step.drafts[request] = drafts
+                    continue
             if not self._reserve_blocks(request, num_new, step):
                 continue  # it preempted itself; earlier-admitted requests may use what it freed
             step.add(request, num_new)
@@ -98,11 +120,15 @@ class Scheduler:
         if self.enable_chunked_prefill:
             self._top_up_prefills(step)
         for request, num_new in step.tokens.items():  # no preemption follows: their KV will be written
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens + num_new)
+            # (drafts are not the request's tokens yet: their blocks are registered once accepted)
+            self.kv_cache_manager.cache_blocks(request, min(request.num_computed_tokens + num_new, request.num_tokens))
         return self._make_output(step)
 
     def _make_output(self, step: "_Step") -> SchedulerOutput:
-        out = SchedulerOutput(finished_req_ids=self._finished_ids, preempted_req_ids={r.request_id for r in step.preempted})
+        out = SchedulerOutput(finished_req_ids=self._finished_ids, preempted_req_ids={r.request_id for r in step.preempted},
+                              scheduled_spec_decode_tokens={r.request_id: d for r, d in step.drafts.items()})
+        if step.speculating:
+            out.spec_decode_req_ids = {r.request_id for r in step.tokens if self.spec_policy.may_speculate(r)}
         step.finished_sent, self._finished_ids = self._finished_ids, set()
         for request, num_new in step.tokens.items():
             out.num_scheduled_tokens[request.request_id] = num_new
@@ -110,8 +136,8 @@ class Scheduler:
                 out.scheduled_new_reqs.append(_new_request_data(request))
             else:
                 new_blocks = request.block_ids[request.num_blocks_sent :]
-                out.scheduled_cached_reqs.append(
-                    CachedRequestData(request.request_id, new_blocks, request.num_computed_tokens))
+                out.scheduled_cached_reqs.append(CachedRequestData(request.request_id, new_blocks,
+                                                                   request.num_computed_tokens, request.num_blocks_sent))
             request.num_blocks_sent = len(request.block_ids)
         return out
 
@@ -125,6 +151,17 @@ class Scheduler:
             if victim is request:
                 return False
         return True
+
+    def _reserve_speculative(self, request: Request, step: "_Step") -> Optional[list[int]]:
+        """Blocks for a decode's token, the drafts it verifies (the policy's choice within the step's
+        budget) and the lookahead slots a draft model writes after the step; the drafts, or None when
+        the pool is short of that (the decode then reserves its one token as any decode does)."""
+        drafts = self.spec_policy.drafts(request, step.budget - 1)
+        if not drafts and not self.lookahead:
+            return None
+        if self.kv_cache_manager.allocate_slots(request, 1 + len(drafts), num_lookahead_tokens=self.lookahead) is None:
+            return None
+        return drafts
 
     def _admit_waiting(self, step: "_Step") -> None:
         while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
@@ -183,13 +220,26 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:  # finished or aborted meanwhile
                 continue
+            tokens = runner_output.sampled_token_ids.get(req_id, ())
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:  # the rejected drafts' K/V were written but are not the sequence's
+                num_new -= len(drafts) - (len(tokens) - 1)
+                self.spec_policy.record(request, len(drafts), len(tokens) - 1)
             request.num_computed_tokens += num_new
-            token = runner_output.sampled_token_ids.get(req_id)
-            if token is not None:
-                request.output_token_ids.append(token)
+            request.output_token_ids.extend(tokens)
+            if self.spec_policy is not None:
+                request.spec_token_ids = runner_output.draft_token_ids.get(req_id, [])
+                self._release_unused_slots(request)
             scored = runner_output.prompt_logprobs.get(req_id)
             if scored is not None and len(scored.positions):
                 request.num_prompt_logprobs_done = int(scored.positions.max()) + 1
+
+    def _release_unused_slots(self, request: Request) -> None:
+        """Free the blocks past the request's tokens (rejected drafts', a draft model's lookahead);
+        the runner cuts its block table alike at the next step (CachedRequestData.num_kept_blocks)."""
+        self.kv_cache_manager.free_slots_after(request, request.num_tokens)
+        if request.num_blocks_sent is not None:
+            request.num_blocks_sent = min(request.num_blocks_sent, len(request.block_ids))
 
     def rollback(self) -> None:
         """Undo the last `schedule()` after its step failed (the model raised, or Ctrl-C).
@@ -222,6 +272,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.num_computed_tokens = 0
         request.num_blocks_sent = None  # the runner drops it; it is sent again in full
+        request.spec_token_ids = []
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
@@ -284,6 +335,8 @@ class _Step:
         self.preempted: list[Request] = []
         self.admitted: list[tuple[Request, object]] = []  # (request, its num_cached_tokens before)
         self.finished_sent: set[str] = set()  # finished ids this step's output told the runner
+        self.speculating = False  # requests may verify drafts in this step (the policy's batch rule)
+        self.drafts: dict[Request, list[int]] = {}  # the drafts each speculating decode verifies
 
     def add(self, request: Request, num_new: int) -> None:
         self.tokens[request] = self.tokens.get(request, 0) + num_new
@@ -291,3 +344,4 @@ class _Step:
 
     def remove(self, request: Request) -> None:
         self.budget += self.tokens.pop(request, 0)
+        self.drafts.pop(request, None)
