@@ -178,7 +178,8 @@ class LLMEngine:
             return []
         if self.structured_output.requests:  # their masks fill while the forward runs
             sampling = self.scheduler.sampling_req_ids(scheduler_output)
-            scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(sampling)
+            scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
+                sampling, scheduler_output.scheduled_spec_decode_tokens)
         now = time.time()
         for new in scheduler_output.scheduled_new_reqs:
             request = self.scheduler.requests[new.req_id]

@@ -3,7 +3,6 @@
 A request verifies the drafts the runner proposed for it (`Request.spec_token_ids`) when
 - speculation is on for the step: no more than `disable_by_batch_size` requests run (a large batch
   is no longer bound by reading the weights, so extra rows cost about what they bring);
-- it is an unconstrained decode (structured outputs' masks advance one token per step);
 - its recent drafts paid: below MIN_ACCEPTANCE of the last WINDOW drafted tokens accepted, it stops
   speculating for PAUSE decode steps, then tries again with a fresh window. A draft rejected costs
   a verified row for nothing, so a request whose text does not repeat (open-ended writing) soon
@@ -43,10 +42,7 @@ class SpeculationPolicy:
 
     def may_speculate(self, request: Request) -> bool:
         """Whether `request` may verify drafts, or have them proposed, when the step is on."""
-        params = request.sampling_params
-        if params is None or params.guided_decoding is not None:
-            return False
-        return _state(request).paused == 0
+        return request.sampling_params is not None and _state(request).paused == 0
 
     def drafts(self, request: Request, budget: int) -> list[int]:
         """The drafts `request` (a decode) verifies in this step, within `budget` more tokens; a

@@ -9,7 +9,9 @@
 - `add_requests` / `remove`: one matcher per completion (n > 1: n matchers), at the grammar's start.
 - `grammar_bitmask` (each step, after scheduling): the packed masks of the constrained requests that
   sample in this step, filled on the manager's thread while the step's forward runs; the model
-  runner waits for them just before sampling (`GrammarBitmask`, engine/sched/output.py).
+  runner waits for them just before sampling (`GrammarBitmask`, engine/sched/output.py). A request
+  verifying drafts (speculative decoding) gets a mask per verified row: its matcher advances through
+  the drafts the grammar allows, a mask at each, and is rolled back.
 - `accept_tokens` (after the step): each sampled token advances its request's matcher.
 
 The matchers live here, not in the runner: a preempted request keeps its matcher (its generated
@@ -135,28 +137,67 @@ class StructuredOutputManager:
             self.requests.pop(req_id, None)
 
     # ---- steps --------------------------------------------------------------------------------
-    def grammar_bitmask(self, sampling_req_ids: list[str]) -> Optional[GrammarBitmask]:
+    def grammar_bitmask(self, sampling_req_ids: list[str],
+                        drafts: Optional[dict[str, list[int]]] = None) -> Optional[GrammarBitmask]:
         """Masks for the constrained requests among `sampling_req_ids` (the step's requests that sample),
-        filled on the manager's thread; None when none is constrained now."""
-        rows = [(req_id, self.requests[req_id]) for req_id in sampling_req_ids
-                if req_id in self.requests and self.requests[req_id].reasoning_ended]
+        one per verified row of those with `drafts` (req_id -> the drafts it verifies), filled on the
+        manager's thread; None when none is constrained now."""
+        drafts = drafts or {}
+        plain, drafted = [], []  # (req_id, grammar) without drafts; (req_id, grammar, drafts)
+        for req_id in sampling_req_ids:
+            grammar = self.requests.get(req_id)
+            if grammar is not None and drafts.get(req_id):
+                drafted.append((req_id, grammar, drafts[req_id]))
+            elif grammar is not None and grammar.reasoning_ended:
+                plain.append((req_id, grammar))
+        rows = [(req_id, 0) for req_id, _ in plain] + [(req_id, j) for req_id, _, d in drafted
+                                                       for j in range(len(d) + 1)]
         if not rows:
             return None
         bitmask = np.empty((len(rows), (self.vocab_size + 31) // 32), dtype=np.int32)  # [rows, words]
-        matchers = [grammar.matcher for _, grammar in rows]
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="fd-grammar-mask")
-        future = self._mask_thread.submit(self._fill, matchers, bitmask)
-        return GrammarBitmask([req_id for req_id, _ in rows], future)
+        future = self._mask_thread.submit(self._fill, [g.matcher for _, g in plain], drafted, bitmask)
+        return GrammarBitmask([req_id for req_id, _ in rows], future, [j for _, j in rows])
 
-    def _fill(self, matchers: list, bitmask: np.ndarray) -> np.ndarray:
-        self.backend.fill_bitmask(matchers, bitmask)
+    def _fill(self, matchers: list, drafted: list, bitmask: np.ndarray) -> np.ndarray:
+        """The rows of `matchers` (one each, first), then each drafted request's rows."""
+        if matchers:
+            self.backend.fill_bitmask(matchers, bitmask[: len(matchers)])
+        row = len(matchers)
+        for _, grammar, step_drafts in drafted:
+            self._fill_drafted(grammar, step_drafts, bitmask[row : row + len(step_drafts) + 1])
+            row += len(step_drafts) + 1
         return bitmask
 
+    def _fill_drafted(self, grammar: RequestGrammar, drafts: list[int], rows: np.ndarray) -> None:
+        """rows [len(drafts) + 1, words] := the mask after each prefix of `drafts`, as accept_tokens would
+        leave the matcher (thinking rows unconstrained; the token closing the thinking not fed). From a
+        draft the grammar forbids on, no row can be used (that draft is rejected), so they allow all.
+        The matcher is rolled back to where it was."""
+        ended, tail, fed, usable = grammar.reasoning_ended, list(grammar.tail), 0, True
+        for j in range(len(drafts) + 1):
+            if ended and usable:
+                self.backend.fill_bitmask([grammar.matcher], rows[j : j + 1])
+            else:
+                rows[j] = -1
+            if j == len(drafts) or not usable:
+                continue
+            token = drafts[j]
+            if not ended:
+                tail = (tail + [token])[-TAIL_TOKENS:]
+                ended = self.reasoning_end.closes(tail)
+            elif (rows[j, token >> 5] >> (token & 31)) & 1 and self.backend.accept_token(grammar.matcher, token):
+                fed += 1
+            else:
+                usable = False
+        if fed:
+            self.backend.rollback(grammar.matcher, fed)
+
     def accept_tokens(self, sampled_token_ids: dict[str, list[int]]) -> dict[str, str]:
-        """Advance each constrained request by the tokens it gained in the step (one: constrained
-        requests do not speculate); returns {req_id: error} for the requests whose grammar rejected a
-        token (they cannot go on)."""
+        """Advance each constrained request by the tokens it gained in the step (accepted drafts and
+        one sampled token under speculative decoding); returns {req_id: error} for the requests whose
+        grammar rejected a token (they cannot go on)."""
         failed = {}
         if not self.requests:
             return failed

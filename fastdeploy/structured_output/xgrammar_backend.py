@@ -120,6 +120,10 @@ class XGrammarBackend:
         """Advance by one sampled token; False when the grammar rejects it (the matcher does not move)."""
         return matcher.accept_token(token_id)
 
+    def rollback(self, matcher, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        matcher.rollback(num_tokens)
+
     def fill_bitmask(self, matchers: list, bitmask: np.ndarray) -> None:
         """Row i of bitmask [len(matchers), words] int32 (C-contiguous) := the allowed tokens of
         matchers[i]. xgrammar writes through a torch tensor sharing the array's memory (no copy),

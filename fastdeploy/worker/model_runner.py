@@ -130,14 +130,15 @@ class ModelRunner:
                 grammar: Optional[GrammarBitmask]) -> tuple[list[list[int]], list]:
         """(tokens kept, their logprobs or None) of each sampler from logits [rows, vocab]: one row per
         sampler, or 1 + its drafts' rows for one verifying drafts (the drafts kept up to the first that
-        its row's sample rejects, then that sample). Rows of constrained requests (which verify no
-        drafts) are masked by the step's grammar bitmask (waited for here)."""
+        its row's sample rejects, then that sample). Rows of constrained requests are masked by the
+        step's grammar bitmask (waited for here), one mask per verified row."""
         rows, owners = verify_rows(samplers, drafts)  # a row's sampling state; [samplers + 1] first rows
         metadata = sampling_metadata(rows, self.rng, self.vocab_size, self.config.logprobs_mode,
                                      self.logits_processors)
         if grammar is not None:
             row_of = {state.req_id: owners[i] for i, state in enumerate(samplers)}
-            metadata.grammar_rows = np.array([row_of[req_id] for req_id in grammar.req_ids], np.int64)
+            metadata.grammar_rows = np.array([row_of[req_id] + position for req_id, position
+                                              in zip(grammar.req_ids, grammar.positions)], np.int64)
             metadata.grammar_bitmask = grammar.bitmask()
         sampled = sample(logits, metadata)
         targets = sampled.token_ids.tolist()

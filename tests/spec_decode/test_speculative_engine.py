@@ -4,10 +4,11 @@ import pytest
 
 from fastdeploy import LLM, SamplingParams
 from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN, assert_engine_idle, assert_same_greedy, top2_gaps
-from prompts import conversations
+from prompts import PASSAGES, conversations
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "min_ngram_size": 2, "max_ngram_size": 4}
 TOKENS = 48
+PASSAGE = PASSAGES[0]
 
 
 def make_llm(smollm_path, spec=NGRAM, **kwargs):
@@ -117,17 +118,31 @@ def test_prefix_cache_chunked_prefill_and_preemption(smollm_path, reference, pre
         llm.shutdown()
 
 
-def test_structured_outputs_run_beside_speculation(ngram, plain):
+def test_structured_outputs_mask_every_verified_row(ngram, plain):
+    """Constrained requests verify drafts under a mask per row: JSON copied from the passage, a
+    regex, a choice, beside a free request; the same tokens as without speculation."""
+    import json
+
     from fastdeploy.engine.sampling_params import GuidedDecodingParams
 
-    guided = SamplingParams(temperature=0, max_tokens=24, guided_decoding=GuidedDecodingParams(choice=["yes", "no"]))
-    free = SamplingParams(temperature=0, max_tokens=TOKENS)
-    convs = conversations()[:2]
-    ours = ngram.chat(convs, [guided, free], use_tqdm=False)
-    theirs = plain.chat(convs, [guided, free], use_tqdm=False)
-    assert ours[0].outputs.text in ("yes", "no") and ours[0].outputs.text == theirs[0].outputs.text
-    assert ours[0].metrics.num_draft_tokens == 0  # constrained requests do not speculate
-    assert ours[1].outputs.token_ids == theirs[1].outputs.token_ids
+    schema = {"type": "object", "properties": {"town": {"type": "string"}, "river": {"type": "string"},
+                                               "boats": {"type": "integer"}},
+              "required": ["town", "river", "boats"], "additionalProperties": False}
+    question = [{"role": "user", "content": "Give the town, the river and the number of boats as JSON, copying "
+                                            "the words from this text:\n\n" + PASSAGE}]
+    cases = [
+        (question, GuidedDecodingParams(json=schema)),
+        (question, GuidedDecodingParams(regex=r"The town of [A-Z][a-z]+ has (forty|fifty) boats\.")),
+        (conversations()[1], GuidedDecodingParams(choice=["yes", "no"])),
+        (conversations()[0], None),
+    ]
+    params = [SamplingParams(temperature=0, max_tokens=64, guided_decoding=g) for _, g in cases]
+    ours = ngram.chat([c for c, _ in cases], params, use_tqdm=False)
+    theirs = plain.chat([c for c, _ in cases], params, use_tqdm=False)
+    assert [o.outputs.token_ids for o in ours] == [o.outputs.token_ids for o in theirs]
+    assert json.loads(ours[0].outputs.text).keys() == {"town", "river", "boats"}
+    assert sum(o.metrics.num_accepted_tokens for o in ours[:2]) > 0  # constrained rows did speculate
+    assert all(o.error_code == 200 for o in ours)
 
 
 def test_disable_by_batch_size(smollm_path, plain):

@@ -89,14 +89,16 @@ class CachedRequestData:
 class GrammarBitmask:
     """The token masks of a step's constrained requests that sample (structured outputs).
 
-    Row i belongs to `req_ids[i]`: bit t % 32 of int32 word t // 32 set = token t allowed
-    (xgrammar's and llguidance's layout). The masks are filled on the structured-output manager's
-    thread while the step's forward runs; `bitmask()` waits for them. Pickling (to tensor-parallel
-    workers) waits too and sends the array.
+    Row i belongs to `req_ids[i]` at `positions[i]`, the row of the request's verification it masks
+    (0: its next token; j: the token after its first j drafts, speculative decoding): bit t % 32 of
+    int32 word t // 32 set = token t allowed (xgrammar's and llguidance's layout). The masks are filled
+    on the structured-output manager's thread while the step's forward runs; `bitmask()` waits for
+    them. Pickling (to tensor-parallel workers) waits too and sends the array.
     """
 
-    def __init__(self, req_ids: list[str], bitmask: Union[Future, np.ndarray]):
+    def __init__(self, req_ids: list[str], bitmask: Union[Future, np.ndarray], positions: Optional[list[int]] = None):
         self.req_ids = req_ids
+        self.positions = positions if positions is not None else [0] * len(req_ids)
         self._bitmask = bitmask
 
     def bitmask(self) -> np.ndarray:
@@ -106,7 +108,7 @@ class GrammarBitmask:
         return self._bitmask
 
     def __getstate__(self) -> dict:
-        return {"req_ids": self.req_ids, "_bitmask": self.bitmask()}
+        return {"req_ids": self.req_ids, "positions": self.positions, "_bitmask": self.bitmask()}
 
 
 @dataclass

@@ -206,9 +206,11 @@ class Scheduler:
 
     def sampling_req_ids(self, scheduler_output: SchedulerOutput) -> list[str]:
         """The scheduled requests that sample a token in this step: those whose whole sequence is in
-        the KV cache after it (the model runner's rule)."""
+        the KV cache after it, drafts aside (the model runner's rule)."""
+        drafts = scheduler_output.scheduled_spec_decode_tokens
         return [req_id for req_id, n in scheduler_output.num_scheduled_tokens.items()
-                if self.requests[req_id].num_computed_tokens + n == self.requests[req_id].num_tokens]
+                if self.requests[req_id].num_computed_tokens + n - len(drafts.get(req_id, ())) ==
+                self.requests[req_id].num_tokens]
 
     # ---- the step's result ------------------------------------------------------------------------
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
