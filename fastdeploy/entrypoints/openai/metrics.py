@@ -21,6 +21,8 @@ Each server has its own registry, so several servers (or tests) in one process n
 | fastdeploy:request_queue_time_seconds | histogram | arrival to the first model step |
 | fastdeploy:hit_req_rate | gauge | fraction of finished requests with a prefix-cache hit |
 | fastdeploy:hit_token_rate | gauge | fraction of finished requests' prompt tokens served from the prefix cache |
+| fastdeploy:spec_decode_num_draft_tokens_total | counter | draft tokens verified for finished requests (speculative decoding) |
+| fastdeploy:spec_decode_num_accepted_tokens_total | counter | those accepted |
 """
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ class ServerMetrics:
         self.generation_tokens = Counter("fastdeploy:generation_tokens", "Generated tokens of finished requests",
                                          registry=r)
         self.success = Counter("fastdeploy:request_success", "Finished requests", ["finished_reason"], registry=r)
+        self.draft_tokens = Counter("fastdeploy:spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
+        self.accepted_tokens = Counter("fastdeploy:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                       registry=r)
         self.ttft = Histogram("fastdeploy:time_to_first_token_seconds", "Time to the first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.tpot = Histogram("fastdeploy:time_per_output_token_seconds", "Time per output token after the first",
@@ -90,6 +95,8 @@ class ServerMetrics:
                 self.tpot.observe(max(end - m.arrival_time - ttft, 0.0) / (n - 1))
         self.prompt_tokens.inc(prompt)
         self.generation_tokens.inc(generated)
+        self.draft_tokens.inc(m.num_draft_tokens)
+        self.accepted_tokens.inc(m.num_accepted_tokens)
         with self._lock:
             self._requests += 1
             self._prompt_tokens += prompt
