@@ -7,6 +7,10 @@ A request verifies the drafts the runner proposed for it (`Request.spec_token_id
   speculating for PAUSE decode steps, then tries again with a fresh window. A draft rejected costs
   a verified row for nothing, so a request whose text does not repeat (open-ended writing) soon
   stops paying for it;
+- the step's rows stay few: decodes and drafts together at most MAX_VERIFY_ROWS, the rows where a
+  step still costs about one read of the weights (at more rows the matmuls are bound by arithmetic,
+  and a draft row costs about what a decode row does, so rejected drafts slow the batch down);
+  drafts go to the decodes in schedule order until the room is used;
 - the step's token budget and its `max_tokens` leave room: at most max_tokens - generated - 1
   drafts (the step may emit every draft plus one token).
 """
@@ -21,6 +25,7 @@ from fastdeploy.engine.request import Request
 WINDOW = 16  # drafted tokens a request's acceptance rate is judged on
 MIN_ACCEPTANCE = 0.2  # accepted / drafted below which it pauses
 PAUSE = 32  # decode steps without speculation before it tries again
+MAX_VERIFY_ROWS = 16  # decode + draft rows of a step (the GGUF kernels' switch to their many-row kernel)
 
 
 @dataclass
@@ -39,6 +44,10 @@ class SpeculationPolicy:
         """Whether any request speculates in a step with `num_running` running requests."""
         limit = self.config.disable_by_batch_size
         return limit is None or num_running <= limit
+
+    def draft_rows(self, num_decodes: int) -> int:
+        """Draft rows a step with `num_decodes` decodes may verify."""
+        return max(0, MAX_VERIFY_ROWS - num_decodes)
 
     def may_speculate(self, request: Request) -> bool:
         """Whether `request` may verify drafts, or have them proposed, when the step is on."""

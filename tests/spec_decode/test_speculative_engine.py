@@ -12,7 +12,7 @@ PASSAGE = PASSAGES[0]
 
 
 def make_llm(smollm_path, spec=NGRAM, **kwargs):
-    kwargs.setdefault("max_num_seqs", 32)
+    kwargs.setdefault("max_num_seqs", 4)  # 4 decodes leave the step room for 12 draft rows
     kwargs.setdefault("max_model_len", SMOLLM_MAX_MODEL_LEN)
     return LLM(model=smollm_path, block_size=SMOLLM_BLOCK_SIZE, speculative_config=spec, **kwargs)
 
@@ -107,7 +107,7 @@ def test_prefix_cache_chunked_prefill_and_preemption(smollm_path, reference, pre
     """A small pool (preemptions), chunked prefill in small chunks, and the prefix cache shared by
     the conversations' common template, all at once."""
     llm = make_llm(smollm_path, enable_chunked_prefill=True, max_num_batched_tokens=64, max_model_len=320,
-                   num_gpu_blocks_override=26, max_num_seqs=8)
+                   num_gpu_blocks_override=26, max_num_seqs=6)
     try:
         outs = llm.chat(conversations(), SamplingParams(temperature=0, max_tokens=TOKENS), use_tqdm=False)
         assert_same_as_reference(outs, reference, "small pool")
@@ -147,7 +147,7 @@ def test_structured_outputs_mask_every_verified_row(ngram, plain):
 
 def test_disable_by_batch_size(smollm_path, plain):
     """No request speculates while more than disable_by_batch_size run; one alone does."""
-    llm = make_llm(smollm_path, spec={**NGRAM, "disable_by_batch_size": 4})
+    llm = make_llm(smollm_path, spec={**NGRAM, "disable_by_batch_size": 4}, max_num_seqs=8)
     try:
         params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
         convs = conversations()[:8]  # 8 run together from first to last step

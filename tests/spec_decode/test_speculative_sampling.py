@@ -63,7 +63,7 @@ def test_sampled_tokens_keep_the_target_distribution(tiny, method):
     path, model = tiny
     spec, bias = SPECS[method]
     spec = {**spec, **({"model": str(path)} if method == "draft_model" else {})}
-    llm = LLM(model=str(path), max_model_len=64, seed=0, speculative_config=spec)
+    llm = LLM(model=str(path), max_model_len=64, seed=0, max_num_seqs=4, speculative_config=spec)
     try:
         params = SamplingParams(temperature=1.0, top_k=TOP_K, logit_bias=bias or None, max_tokens=TOKENS, ignore_eos=True)
         outs = llm.generate([{"prompt_token_ids": PROMPT}] * SAMPLES, params, use_tqdm=False)

@@ -95,9 +95,11 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         step = self._step = _Step(self.max_num_batched_tokens)
-        step.speculating = self.spec_policy is not None and self.spec_policy.step_is_on(len(self.running))
         self.kv_cache_manager.begin_step()
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        if self.spec_policy is not None:
+            step.speculating = self.spec_policy.step_is_on(len(self.running))
+            step.draft_room = self.spec_policy.draft_rows(len(decodes))
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
             if request not in self.running:  # preempted while making room for an earlier one
@@ -127,7 +129,7 @@ class Scheduler:
     def _make_output(self, step: "_Step") -> SchedulerOutput:
         out = SchedulerOutput(finished_req_ids=self._finished_ids, preempted_req_ids={r.request_id for r in step.preempted},
                               scheduled_spec_decode_tokens={r.request_id: d for r, d in step.drafts.items()})
-        if step.speculating:
+        if step.speculating and self.spec_policy.draft_rows(len(self.running)) > 0:  # drafts could run next step
             out.spec_decode_req_ids = {r.request_id for r in step.tokens if self.spec_policy.may_speculate(r)}
         step.finished_sent, self._finished_ids = self._finished_ids, set()
         for request, num_new in step.tokens.items():
@@ -156,11 +158,12 @@ class Scheduler:
         """Blocks for a decode's token, the drafts it verifies (the policy's choice within the step's
         budget) and the lookahead slots a draft model writes after the step; the drafts, or None when
         the pool is short of that (the decode then reserves its one token as any decode does)."""
-        drafts = self.spec_policy.drafts(request, step.budget - 1)
+        drafts = self.spec_policy.drafts(request, min(step.budget - 1, step.draft_room))
         if not drafts and not self.lookahead:
             return None
         if self.kv_cache_manager.allocate_slots(request, 1 + len(drafts), num_lookahead_tokens=self.lookahead) is None:
             return None
+        step.draft_room -= len(drafts)
         return drafts
 
     def _admit_waiting(self, step: "_Step") -> None:
@@ -339,6 +342,7 @@ class _Step:
         self.finished_sent: set[str] = set()  # finished ids this step's output told the runner
         self.speculating = False  # requests may verify drafts in this step (the policy's batch rule)
         self.drafts: dict[Request, list[int]] = {}  # the drafts each speculating decode verifies
+        self.draft_room = 0  # draft rows the step may still verify (the policy's row cap)
 
     def add(self, request: Request, num_new: int) -> None:
         self.tokens[request] = self.tokens.get(request, 0) + num_new
