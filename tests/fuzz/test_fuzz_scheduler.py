@@ -68,6 +68,10 @@ class SchedulerWorkload(RuleBasedStateMachine):
 
     @rule()
     def step(self):
+        self.run_step()
+
+    def run_step(self):
+        """One step: schedule, check it, apply the fake model's tokens (a subclass may run it otherwise)."""
         had_work = self.sched.has_unfinished()
         out = self.sched.schedule()
         batch = scheduled(self.sched, out)
@@ -134,7 +138,7 @@ class SchedulerWorkload(RuleBasedStateMachine):
         for _ in range(limit):
             if not self.sched.has_unfinished():
                 break
-            self.step()
+            self.run_step()
             self.pool_is_consistent()
         assert not self.sched.has_unfinished(), f"requests still unfinished after {limit} steps"
         assert not self.live
