@@ -135,9 +135,7 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    if not names or not set(names) <= set(ENGINES):
-        sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
+    names = benchmark_throughput.engine_names(args.engines, ENGINES)
     path = gguf_checkpoints.checkpoint(args.shape, args.quant, Path(args.dir))
     prompts = prompts_for(gguf_checkpoints.SHAPES[args.shape]["vocab"], args.num_prompts)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

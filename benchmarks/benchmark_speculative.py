@@ -325,9 +325,7 @@ def main():
         return child(args)
     from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    if not names or not set(names) <= set(ENGINES):
-        sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
+    names = benchmark_throughput.engine_names(args.engines, ENGINES)
     if "ours-draft" in names and not args.draft_model:
         sys.exit("engine ours-draft needs --draft-model")
     if min(args.max_tokens, args.num_prompts, args.batch_size, args.num_speculative_tokens) < 1:

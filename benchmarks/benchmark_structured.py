@@ -246,9 +246,7 @@ def main():
     from fastdeploy.model_executor.model_loader import open_model
     from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    if not names or not set(names) <= set(ENGINES):
-        sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
+    names = bt.engine_names(args.engines, ENGINES)
     if args.num_prompts < 1 or args.max_tokens < 1:
         sys.exit(f"--num-prompts and --max-tokens must be >= 1, got {args.num_prompts} and {args.max_tokens}")
     args.model = resolve_model_path(args.model) if args.model else default_model_path()

@@ -504,6 +504,14 @@ def check_installed(names, args):
         sys.exit(f"engine vllm needs transformers here to convert {args.model} to an HF directory; {see}")
 
 
+def engine_names(spec: str, engines) -> list[str]:
+    """The engines of a comma-separated --engines value; exits naming the choices when one is unknown."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names or not set(names) <= set(engines):
+        sys.exit(f"--engines must be a subset of {','.join(engines)}, got {spec!r}")
+    return names
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help=".gguf file or HF directory (default: SmolLM2-135M-Instruct GGUF)")
@@ -540,9 +548,7 @@ def main():
     from fastdeploy.model_executor.model_loader import open_model
     from fastdeploy.model_executor.model_loader.model_path import default_model_path, resolve_model_path
 
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
-    if not names or not set(names) <= set(ENGINES):
-        sys.exit(f"--engines must be a subset of {','.join(ENGINES)}, got {args.engines!r}")
+    names = engine_names(args.engines, ENGINES)
     if args.baseline:
         if not (Path(args.baseline) / "benchmarks" / "benchmark_throughput.py").is_file():
             sys.exit(f"--baseline {args.baseline} is not a checkout of this repository (no benchmarks/benchmark_throughput.py)")

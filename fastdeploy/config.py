@@ -215,6 +215,15 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # resolved by EngineArgs; 0 = no per-request cap
 
 
+def check_keys(name: str, value, allowed: tuple) -> None:
+    """TypeError unless `value` is a dict; ValueError naming the keys outside `allowed` (setting `name`)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ValueError(f"{name} has unknown key(s) {unknown}; accepted: {list(allowed)}")
+
+
 @dataclass
 class DraftModelConfig:
     """A draft model resolved at engine start (speculative_config method "draft_model"): its path,
@@ -262,11 +271,7 @@ class SpeculativeConfig:
     def from_dict(cls, spec: dict) -> "SpeculativeConfig":
         """Parse FastDeploy's and vLLM's keys. ValueError naming the key for an unknown key, a bad
         value, a missing draft model or ngram sizes out of order; TypeError when `spec` is no dict."""
-        if not isinstance(spec, dict):
-            raise TypeError(f"speculative_config must be a dict, got {type(spec).__name__}")
-        unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
-        if unknown:
-            raise ValueError(f"speculative_config has unknown key(s) {unknown}; accepted: {list(SPECULATIVE_KEYS)}")
+        check_keys("speculative_config", spec, SPECULATIVE_KEYS)
         method = spec.get("method")
         method = method.lower() if isinstance(method, str) else method
         method = "ngram" if method == "ngram_match" else method

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastdeploy.config import ENCODER_ARCHITECTURES, POOLING_TASKS, POOLING_TYPES, PoolerConfig
+from fastdeploy.config import ENCODER_ARCHITECTURES, POOLING_TASKS, POOLING_TYPES, PoolerConfig, check_keys
 from fastdeploy.model_executor.model_loader.sentence_transformers import read_sentence_transformers
 
 RUNNERS = ("auto", "generate", "pooling")
@@ -37,11 +37,7 @@ def check_pooling_args(runner: str, convert: str, task: str, pooler_config: Opti
         raise ValueError(f"task='generate' conflicts with runner={runner!r}, convert={convert!r}")
     if pooler_config is None:
         return
-    if not isinstance(pooler_config, dict):
-        raise TypeError(f"pooler_config must be a dict, got {type(pooler_config).__name__}")
-    unknown = sorted(set(pooler_config) - set(POOLER_KEYS))
-    if unknown:
-        raise ValueError(f"pooler_config has unknown key(s) {unknown}; accepted: {list(POOLER_KEYS)}")
+    check_keys("pooler_config", pooler_config, POOLER_KEYS)
     kind = pooler_config.get("pooling_type")
     if kind is not None and str(kind).upper() not in POOLING_TYPES:
         raise ValueError(f"pooler_config pooling_type must be one of {list(POOLING_TYPES)}, got {kind!r}")
