@@ -51,7 +51,7 @@ class DraftModelProposer:
                                          draft.kv_cache_dtype) for _ in range(mc.num_hidden_layers)]
 
     @paddle.no_grad()
-    def propose(self, states: list, scheduled: list) -> dict[str, list[int]]:
+    def propose(self, states: list) -> dict[str, list[int]]:
         """Up to k greedy drafts per state (fewer where its blocks end sooner: the drafts' K/V must fit
         them)."""
         ks = {s.req_id: min(self.k, len(s.block_ids) * self.block_size - s.num_tokens + 1) for s in states}

@@ -1,8 +1,7 @@
 """Draft proposers: after a step, the drafts of the requests that speculate in the next one.
 
-`propose(states, scheduled)` -> {req_id: drafts}, for the runner's request states that sampled in the
-step (their output holds the new token) and may speculate next; `scheduled` is the step's (state,
-tokens) list, for proposers that keep a model's cache in step with the target's.
+`propose(states)` -> {req_id: drafts}, for the runner's request states that sampled in the step
+(their output holds the new token) and may speculate next.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ class NgramProposer:
         spec = fd_config.speculative_config
         self.min_n, self.max_n, self.k = spec.min_ngram_size, spec.max_ngram_size, spec.num_speculative_tokens
 
-    def propose(self, states: list, scheduled: list) -> dict[str, list[int]]:
+    def propose(self, states: list) -> dict[str, list[int]]:
         proposals = {}
         for state in states:
             tokens = np.asarray(state.prompt_token_ids + state.output_token_ids, dtype=np.int64)

@@ -123,7 +123,7 @@ class ModelRunner:
                     result.logprobs[state.req_id] = logprobs
             if self.proposer is not None:
                 proposing = [state for state in samplers if state.req_id in out.spec_decode_req_ids]
-                result.draft_token_ids = self.proposer.propose(proposing, scheduled) if proposing else {}
+                result.draft_token_ids = self.proposer.propose(proposing) if proposing else {}
         return result
 
     def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState], drafts: list[list[int]],

@@ -25,7 +25,11 @@ def test_server_speculates_and_counts_drafts(smollm_llm, smollm_path):
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
         texts = [client.chat.completions.create(model=server.model, messages=conv, temperature=0, max_tokens=40)
                  .choices[0].message.content for conv in convs]
+        stream = client.chat.completions.create(model=server.model, messages=convs[0], temperature=0, max_tokens=40,
+                                                stream=True)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         found = counters(server)
     assert texts == [o.outputs.text for o in expected]
+    assert streamed == texts[0]  # several tokens a step arrive as one delta, none lost
     accepted = found["fastdeploy:spec_decode_num_accepted_tokens_total"]
     assert 0 < accepted <= found["fastdeploy:spec_decode_num_draft_tokens_total"]
