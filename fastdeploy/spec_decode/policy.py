@@ -7,6 +7,11 @@ A request verifies the drafts the runner proposed for it (`Request.spec_token_id
   speculating for PAUSE decode steps, then tries again with a fresh window. A draft rejected costs
   a verified row for nothing, so a request whose text does not repeat (open-ended writing) soon
   stops paying for it;
+- it verifies no more drafts than its recent runs of accepted drafts suggest (its draft limit,
+  TCP's slow start in spirit): FIRST_LIMIT at first, doubled (up to k) after a verification that
+  accepted every draft, else one more than that verification accepted. A request copying its
+  prompt soon verifies k drafts a step; one whose lookups are chance matches verifies one, at the
+  cost of one row;
 - the step's rows stay few: decodes and drafts together at most MAX_VERIFY_ROWS, the rows where a
   step still costs about one read of the weights (at more rows the matmuls are bound by arithmetic,
   and a draft row costs about what a decode row does, so rejected drafts slow the batch down);
@@ -24,16 +29,18 @@ from fastdeploy.engine.request import Request
 
 WINDOW = 16  # drafted tokens a request's acceptance rate is judged on
 MIN_ACCEPTANCE = 0.2  # accepted / drafted below which it pauses
-PAUSE = 32  # decode steps without speculation before it tries again
+PAUSE = 16  # decode steps without speculation before it tries again
+FIRST_LIMIT = 2  # drafts a request verifies at first
 MAX_VERIFY_ROWS = 16  # decode + draft rows of a step (the GGUF kernels' switch to their many-row kernel)
 
 
 @dataclass
 class SpecState:
-    """One request's recent verifications: (drafted, accepted) per step, newest last."""
+    """One request's recent verifications: (drafted, accepted) per step, newest last; its draft limit."""
 
     recent: deque = field(default_factory=deque)
     paused: int = 0  # decode steps left without speculation
+    limit: int = FIRST_LIMIT  # drafts it may verify in a step
 
 
 class SpeculationPolicy:
@@ -63,11 +70,13 @@ class SpeculationPolicy:
         if not self.may_speculate(request):
             return []
         room = request.sampling_params.max_tokens - len(request.output_token_ids) - 1
-        return request.spec_token_ids[: max(0, min(room, budget))]
+        return request.spec_token_ids[: max(0, min(room, budget, state.limit))]
 
     def record(self, request: Request, drafted: int, accepted: int) -> None:
         """A verification's result; pauses the request when its recent acceptance fell too low."""
         state = _state(request)
+        k = self.config.num_speculative_tokens
+        state.limit = min(k, 2 * state.limit) if accepted == drafted else accepted + 1
         state.recent.append((drafted, accepted))
         total = sum(d for d, _ in state.recent)
         while total - state.recent[0][0] >= WINDOW:

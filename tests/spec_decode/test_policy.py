@@ -27,25 +27,35 @@ def test_batch_size_and_row_cap():
     assert p.draft_rows(policy.MAX_VERIFY_ROWS) == 0 and p.draft_rows(40) == 0
 
 
-def test_drafts_fit_budget_and_max_tokens():
+def test_drafts_fit_budget_max_tokens_and_the_limit():
     p = make()
-    assert p.drafts(request(), budget=10) == [4, 5, 6, 7]
-    assert p.drafts(request(), budget=2) == [4, 5]
-    assert p.drafts(request(max_tokens=10, generated=7), budget=10) == [4, 5]  # 3 tokens left: 2 drafts + 1
-    assert p.drafts(request(max_tokens=10, generated=9), budget=10) == []
+    assert p.drafts(request(), budget=10) == [4, 5]  # FIRST_LIMIT
+    r = request()
+    p.record(r, 2, 2)  # all accepted: the limit doubles
+    assert p.drafts(r, budget=10) == [4, 5, 6, 7]
+    assert p.drafts(r, budget=3) == [4, 5, 6]
+    r.output_token_ids = [7] * 97  # max_tokens 100: 3 tokens left, 2 drafts + 1
+    assert p.drafts(r, budget=10) == [4, 5]
+    r.output_token_ids = [7] * 99
+    assert p.drafts(r, budget=10) == []
+    r.output_token_ids = []
+    p.record(r, 4, 1)  # one accepted: next time one more than that
+    assert p.drafts(r, budget=10) == [4, 5]
+    p.record(r, 2, 0)
+    assert p.drafts(r, budget=10) == [4]
 
 
 def test_pause_after_low_acceptance_then_retry():
     p, r = make(), request()
     for _ in range(3):  # 12 drafted, 1 accepted: the window (16) is not full yet
         p.record(r, 4, 0 if _ else 1)
-    assert p.may_speculate(r) and p.drafts(r, 10)
+    assert p.may_speculate(r) and p.drafts(r, 10) == [4]
     p.record(r, 4, 0)  # 16 drafted, 1 accepted < 20%
     assert not p.may_speculate(r) and r.spec_token_ids == []
     for _ in range(policy.PAUSE):
         r.spec_token_ids = [4, 5]
         assert p.drafts(r, 10) == []  # each decode step counts towards the pause
-    assert p.may_speculate(r) and p.drafts(r, 10) == [4, 5]
+    assert p.may_speculate(r) and p.drafts(r, 10) == [4]
 
 
 def test_good_acceptance_keeps_speculating():
