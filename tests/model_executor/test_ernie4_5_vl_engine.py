@@ -1,7 +1,8 @@
 """ERNIE-4.5-VL through the engine's runner (worker/multimodal.py): greedy tokens equal transformers'
 `generate(do_sample=False)` on the tiny random checkpoint (tests/vl_helpers.py), with the image's
 placeholder tokens prefilled whole or split across chunked-prefill steps, the encoder run once per
-item.
+item; and with n-gram speculative decoding (drafts at M-RoPE positions past the prompt) the
+logprobs of decoding without it.
 
 The request is built directly on the engine side here (token ids, [3, n] positions, token types and
 MultiModalFeatures computed with transformers' `get_rope_index` and random pixel values), so these
@@ -63,10 +64,10 @@ def _features(ids, pixels, grids):
     return features
 
 
-def _engine_greedy(llm, ids, positions, features):
+def _engine_greedy(llm, ids, positions, features, **extra):
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True,
-                            bad_words_token_ids=VISION_IDS)
+                            bad_words_token_ids=VISION_IDS, **extra)
     # the text path of the input processor: this test places the items itself (random pixels)
     prepared = InputProcessor.process(engine.input_processor, None, ids, params)
     prepared.positions = positions  # [3, n]: what the input processor will compute
@@ -77,7 +78,7 @@ def _engine_greedy(llm, ids, positions, features):
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
-    return outputs[0].outputs.token_ids
+    return outputs[0]
 
 
 @pytest.mark.parametrize("chunk", [None, 8])  # 8: each image's placeholders are split across steps
@@ -93,7 +94,7 @@ def test_greedy_tokens_match_transformers(checkpoint, chunk):
     calls = []
     encode = runner.model.embed_multimodal
     runner.model.embed_multimodal = lambda features: calls.append(len(features)) or encode(features)
-    tokens = _engine_greedy(llm, ids, positions, _features(ids, pixels, grids))
+    tokens = _engine_greedy(llm, ids, positions, _features(ids, pixels, grids)).outputs.token_ids
     assert tokens == expected
     assert len(set(tokens)) > 2  # the continuation varies
     assert sum(calls) == 2  # each image encoded once, however its tokens were split
@@ -101,3 +102,26 @@ def test_greedy_tokens_match_transformers(checkpoint, chunk):
         assert len(calls) == 2  # the chunks reached the second image in a later step
     assert not any(state.encoder_outputs for state in runner.requests.values())
     llm.shutdown()
+
+
+def test_speculative_decoding_keeps_the_logprobs(checkpoint):
+    """A logit bias towards three prompt tokens makes the continuation repeat them, so n-gram lookup
+    drafts from step 2 on; every emitted token's logprob (raw: before the bias) is the one of decoding
+    without speculation, which a wrong M-RoPE position of a draft row would change."""
+    directory, _ = checkpoint
+    grids = [(1, 4, 6)]
+    pixels = np.random.default_rng(1).standard_normal((24, 588)).astype(np.float32)
+    ids = _prompt(grids)
+    _, positions = _hf_greedy(checkpoint[1], ids, pixels, grids)
+    extra = dict(logit_bias={20: 8.0, 30: 8.0, 40: 8.0}, logprobs=1)
+    outputs = []
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": 3, "min_ngram_size": 1, "max_ngram_size": 2}):
+        llm = LLM(model=str(directory), max_model_len=256, block_size=16, num_gpu_blocks_override=32, max_num_seqs=4,
+                  enable_prefix_caching=False, speculative_config=spec)
+        outputs.append(_engine_greedy(llm, ids, positions, _features(ids, pixels, grids), **extra))
+        llm.shutdown()
+    plain, ours = outputs
+    assert ours.outputs.token_ids == plain.outputs.token_ids
+    for a, b, token in zip(ours.outputs.logprobs, plain.outputs.logprobs, plain.outputs.token_ids):
+        assert a[token].logprob == pytest.approx(b[token].logprob, abs=1e-4)
+    assert ours.metrics.num_accepted_tokens > 0, (plain.outputs.token_ids, ours.metrics.num_draft_tokens)
