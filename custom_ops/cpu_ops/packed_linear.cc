@@ -19,8 +19,8 @@
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
 //     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); 7 and 8
-//     rows where AMX is absent (a speculative step's verification) run one tile on half a panel's
-//     registers at a time (HalfTiles: W still streamed once, its registers loaded once); above,
+//     rows where AMX is absent (a speculative step's verification), and wint8 from 3, run one tile on half
+//     a panel's registers at a time (HalfTiles: W still streamed once, its registers loaded once); above,
 //     where AMX is absent, int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in
 //     L2), reused by every 6-row block. One row of x on wint8 (decode) runs Wint8Row instead: float32
 //     FMAs on the int8 values widened to float32 and x's bf16 values widened back (the same products).
@@ -212,7 +212,16 @@ inline void StoreRegister(__m512 sum, __m512 up, const Epilogue& out, int64_t co
 
 inline void StoreRow(const __m512* sums, const Epilogue& out, int64_t cols, float* y, bool stream) {
   const bool swiglu = out.activation == kSwiGlu;
-  for (int j = 0; j < (swiglu ? 2 : 4); ++j) StoreRegister(sums[j], swiglu ? sums[j + 2] : sums[j], out, cols, j, y, stream);
+  for (int j = 0; j < (swiglu ? 2 : 4); ++j) {
+    const __mmask16 mask = ColumnMask(cols, j);
+    __m512 v = Finish(sums[j], out, j, mask);
+    if (swiglu) v = fd_cpu::SiluTimes(v, Finish(sums[j + 2], out, j + 2, mask));
+    if (stream) {
+      _mm512_stream_ps(y + 16 * j, v);
+    } else {
+      _mm512_mask_storeu_ps(y + 16 * j, mask, v);
+    }
+  }
 }
 
 // y[M, panel's columns] = acc[M, 64] as y holds them (StoreRow), row by row: each row's 256 (SwiGLU:
@@ -262,7 +271,7 @@ inline __m512bh LoadW(const uint8_t* panel, const float* panel_scales, int64_t k
 constexpr int64_t kPrefetchBytes = 2048;
 
 template <int MR, int64_t KIND, bool STREAM>
-void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
+__attribute__((noinline)) void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
           const Epilogue& out, int64_t cols, bool first, bool last, float* y, int64_t ldy) {
   constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
   __m512 acc[MR][4];
@@ -328,15 +337,17 @@ void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1
   }
 }
 
-// y[MR rows, panel columns] = xb[MR rows] . panel over all pairs, for kMaxTileRows < MR <= kHalfTileRows
-// rows (a speculative step's verification where AMX is absent): a Tile on half the panel's registers at a
-// time (j = h and h + 2: with SwiGLU a gate register and its up register), MR x 2 accumulators; the
-// first half streams W from memory (prefetched as Tile's STREAM), the second finds it in L2. Each W
-// register is loaded (int8 / int4: converted) once, as in one Tile of all rows.
+// y[MR rows, panel columns] = xb[MR rows] . panel over all pairs, MR <= kHalfTileRows rows (a speculative
+// step's verification where AMX is absent; wint8 from 3 rows, the others from 7): a Tile on half the
+// panel's registers at a time (j = h and h + 2: with SwiGLU a gate register and its up register), MR x 2
+// accumulators, so that 8 rows fit in registers and int8's conversion leaves registers free; the first
+// half streams W from memory (prefetched as Tile's STREAM), the second finds it in L2. Each W register is
+// loaded (int8 / int4: converted) once, as in one Tile of all rows. Tile and HalfTiles stay out of line:
+// inlined into one caller, they cost Tile's 4-6 row registers (bf16 at 6 rows ~1.7x slower here).
 constexpr int kHalfTileRows = 8;
 
 template <int MR, int64_t KIND>
-void HalfTiles(const uint32_t* xb, int64_t K2, const uint8_t* panel, const float* panel_scales, const Epilogue& out,
+__attribute__((noinline)) void HalfTiles(const uint32_t* xb, int64_t K2, const uint8_t* panel, const float* panel_scales, const Epilogue& out,
                int64_t cols, float* y, int64_t ldy) {
   constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
   for (int h = 0; h < 2; ++h) {
@@ -423,7 +434,7 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
 }
 
 // Up to kHalfTileRows rows (decode, verification): panels of W taken in runs from `next` (ClaimRun), one
-// tile per panel (7-8 rows: HalfTiles) over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
+// tile per panel (HalfTiles: 7-8 rows, wint8 3-8) over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
 // items (block of rows of x, panel) taken one at a time from `next`, block-major, so a block of x (about
 // kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
 // of all of x streaming once per panel (4096 x 768 x 3072 on 2 AMD EPYC Zen 4 cores without AMX: 131 GFLOP/s
@@ -455,12 +466,18 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
       const int64_t cols = std::min(width, N - p * width);
       if (KIND == kWint8 && M == 1) {
         Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, y + p * width);
-      } else if (M == 7) {
-        HalfTiles<7, KIND>(xb, K2, panel, panel_scales, out, cols, y + p * width, N);
-      } else if (M == 8) {
-        HalfTiles<8, KIND>(xb, K2, panel, panel_scales, out, cols, y + p * width, N);
-      } else {
+      } else if (M < (KIND == kWint8 ? 3 : kMaxTileRows + 1)) {
         RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, out, cols, true, true, y + p * width, N);
+      } else {
+        const auto args = std::make_tuple(xb, K2, panel, panel_scales, std::cref(out), cols, y + p * width, N);
+        switch (M) {
+          case 3: std::apply(HalfTiles<3, KIND>, args); break;
+          case 4: std::apply(HalfTiles<4, KIND>, args); break;
+          case 5: std::apply(HalfTiles<5, KIND>, args); break;
+          case 6: std::apply(HalfTiles<6, KIND>, args); break;
+          case 7: std::apply(HalfTiles<7, KIND>, args); break;
+          default: std::apply(HalfTiles<8, KIND>, args); break;
+        }
       }
     }
     return;
