@@ -42,13 +42,27 @@ void GroupRows(const float* x, const uint8_t* column0, int64_t K, int64_t N, int
           _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes + 128), _MM_HINT_T0);
       }
       const float* scales = reinterpret_cast<const float*>(column);
-      __m512 w0[CR], w1[CR];
-      for (int c = 0; c < CR; ++c)
-        DequantBlock<QT>(column + f.scale_bytes + (c0 + c) * f.quant_bytes, scales[c0 + c],
-                         QT == kQ4_1 ? scales[kGroup + c0 + c] : 0.f, w0[c], w1[c]);
-      for (int r = 0; r < MR; ++r) {
-        const __m512 x0 = _mm512_loadu_ps(x + r * K + b * kBlock), x1 = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
-        for (int c = 0; c < CR; ++c) acc[r][c] = _mm512_fmadd_ps(w1[c], x1, _mm512_fmadd_ps(w0[c], x0, acc[r][c]));
+      if constexpr (MR <= 3) {  // x's rows in registers, each W row dequantized and used at once
+        __m512 x0[MR], x1[MR];
+        for (int r = 0; r < MR; ++r) {
+          x0[r] = _mm512_loadu_ps(x + r * K + b * kBlock);
+          x1[r] = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+        }
+        for (int c = 0; c < CR; ++c) {
+          __m512 w0, w1;
+          DequantBlock<QT>(column + f.scale_bytes + (c0 + c) * f.quant_bytes, scales[c0 + c],
+                           QT == kQ4_1 ? scales[kGroup + c0 + c] : 0.f, w0, w1);
+          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
+        }
+      } else {  // the pass's W rows in registers, x's rows loaded in turn
+        __m512 w0[CR], w1[CR];
+        for (int c = 0; c < CR; ++c)
+          DequantBlock<QT>(column + f.scale_bytes + (c0 + c) * f.quant_bytes, scales[c0 + c],
+                           QT == kQ4_1 ? scales[kGroup + c0 + c] : 0.f, w0[c], w1[c]);
+        for (int r = 0; r < MR; ++r) {
+          const __m512 x0 = _mm512_loadu_ps(x + r * K + b * kBlock), x1 = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+          for (int c = 0; c < CR; ++c) acc[r][c] = _mm512_fmadd_ps(w1[c], x1, _mm512_fmadd_ps(w0[c], x0, acc[r][c]));
+        }
       }
     }
     // sums: four at a time, (row r: W rows c0 .. c0 + 3) or, CR = 2, (rows r and r + 1: W rows c0, c0 + 1)

@@ -4,9 +4,9 @@
 //
 // RowMajorRows: 256 values at a time (a K-quant block, or 8 Q5_0 / Q5_1 blocks) of a W row are dequantized
 // into a 1 KB float32 buffer (L1) to gguf-py's values and multiplied with the rows of x by float32 FMAs:
-// one row of x (decode) with 4 independent chains; from two rows (a speculative step's verification, a
-// small batch) two W rows at a time, each W vector loaded once for up to 8 rows of x, so the added rows
-// cost their FMAs, not the dequantization again. The sums reduced once at the row's end. Threads split N
+// 4 independent chains per row of x; from 5 rows (a speculative step's verification, a small batch; not
+// Q6_K) two W rows at a time, each W vector loaded once for up to 8 rows of x, so the added rows cost
+// their FMAs, not loads of W again. The sums reduced once at the row's end. Threads split N
 // (gguf_linear.cc).
 #pragma once
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,6 +83,9 @@ inline void DequantWeightRow(const uint8_t* w, int64_t qtype, int64_t K, int64_t
 
 #ifdef __AVX512F__
 constexpr int kPairRows = 8;  // rows of x per pass over a pair of W rows: 2 x kPairRows accumulators
+// Rows of x from which W rows go in pairs: fewer, and Q6_K (whose dequantization needs the registers) at
+// any count, run row by row (measured on 2 AMD EPYC Zen 4 cores: benchmarks/README.md, "Verification rows").
+constexpr int64_t kPairFromRows = 5;
 
 // y[MR rows (stride N), W rows n and n + 1 (only n when !second)] = x[MR rows (stride K)] . those rows,
 // 2 <= MR <= kPairRows: each 256-value step of both rows is dequantized into L1 once, then every 16
@@ -126,14 +129,14 @@ void PairRows(const float* x, int64_t K, const uint8_t* row0, const uint8_t* row
 #endif
 
 // y[m, n] = x[m] . W[n] for rows n0 .. n1 of a row-major W of type QT and M < kWideM rows of x (AVX-512; any M
-// portable). AVX-512, M >= 2: pairs of W rows (PairRows), kPairRows rows of x at a time (a second pass
-// dequantizes the pair again).
+// portable). AVX-512, from kPairFromRows rows (not Q6_K): pairs of W rows (PairRows), kPairRows rows of x at
+// a time (a second pass dequantizes the pair again).
 template <int64_t QT>
 void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t n0, int64_t n1,
                   float* y) {
   const RowFormat f = RowFormatOf(QT);
 #ifdef __AVX512F__
-  if (M >= 2) {
+  if (M >= kPairFromRows && QT != kQ6_K) {
     const int64_t row_bytes = K / f.values * f.bytes;
     for (int64_t n = n0; n < n1; n += 2) {
       const bool second = n + 1 < n1;
@@ -156,12 +159,12 @@ void RowMajorRows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_
     return;
   }
 #endif
-  // one row of x (any M portable): 256 values of a W row at a time (Q5_0 / Q5_1: 8 blocks, so the dot
-  // products run 4 chains)
+  // W row by row (any M portable): 256 values at a time (Q5_0 / Q5_1: 8 blocks, so the dot products run 4
+  // chains)
   const int64_t blocks = K / f.values, per_step = kMaxBlockValues / f.values;
   alignas(64) float buf[kMaxBlockValues];
 #ifdef __AVX512F__
-  __m512 acc[1];  // M = 1 here
+  __m512 acc[kWideM];
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     const uint8_t* row = w + n * blocks * f.bytes;
