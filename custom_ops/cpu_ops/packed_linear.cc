@@ -18,9 +18,10 @@
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
-//     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); 7 and 8
-//     rows where AMX is absent (a speculative step's verification), and wint8 from 3, run one tile on half
-//     a panel's registers at a time (HalfTiles: W still streamed once, its registers loaded once); above,
+//     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); int8 /
+//     int4 at 7 and 8 rows where AMX is absent (a speculative step's verification), and wint8 from 3, run
+//     one tile on half a panel's registers at a time (HalfTiles: W still streamed once, its registers
+//     loaded and converted once); above,
 //     where AMX is absent, int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in
 //     L2), reused by every 6-row block. One row of x on wint8 (decode) runs Wint8Row instead: float32
 //     FMAs on the int8 values widened to float32 and x's bf16 values widened back (the same products).
@@ -338,7 +339,8 @@ void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1
 }
 
 // y[MR rows, panel columns] = xb[MR rows] . panel over all pairs, MR <= kHalfTileRows rows (a speculative
-// step's verification where AMX is absent; wint8 from 3 rows, the others from 7): a Tile on half the
+// step's verification where AMX is absent; wint8 from 3 rows, wint4 from 7; not bf16, whose 7-8 rows ran
+// faster as the blocks of Panels' prefill path): a Tile on half the
 // panel's registers at a time (j = h and h + 2: with SwiGLU a gate register and its up register), MR x 2
 // accumulators, so that 8 rows fit in registers and int8's conversion leaves registers free; the first
 // half streams W from memory (prefetched as Tile's STREAM), the second finds it in L2. Each W register is
@@ -434,7 +436,7 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
 }
 
 // Up to kHalfTileRows rows (decode, verification): panels of W taken in runs from `next` (ClaimRun), one
-// tile per panel (HalfTiles: 7-8 rows, wint8 3-8) over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
+// tile per panel (HalfTiles: wint8 3-8 rows, wint4 7-8; bf16 up to kMaxTileRows) over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
 // items (block of rows of x, panel) taken one at a time from `next`, block-major, so a block of x (about
 // kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
 // of all of x streaming once per panel (4096 x 768 x 3072 on 2 AMD EPYC Zen 4 cores without AMX: 131 GFLOP/s
@@ -457,7 +459,7 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   const bool swiglu = activation == kSwiGlu;
   const int64_t width = OutWidth(activation);
-  if (M <= kHalfTileRows) {
+  if (M <= (KIND == kBf16 ? kMaxTileRows : kHalfTileRows)) {  // bf16 at 7-8 rows: the blocks below were faster
     for (Run run = ClaimRun(next, l.panels, false); run.first < run.last; run = ClaimRun(next, l.panels, false))
     for (int64_t p = run.first; p < run.last; ++p) {
       const uint8_t* panel = w + p * l.panel_bytes;
