@@ -1,8 +1,8 @@
 // The weight layout gguf_linear reads and gguf_interleave_rows writes (gguf_linear.cc's header
 // describes it): ggml's type ids, the bytes of a block and of a group's block column, the address of
 // one row's block, and its dequantization to float32 (AVX-512: in registers; DequantBlockScalar
-// without), and the IEEE half every GGUF scale is stored as (Half). Shared by gguf_interleave.cc and
-// gguf_linear.cc with its kernel headers (gguf_rows.h too).
+// without), the IEEE half every GGUF scale is stored as (Half), and the kernels' horizontal sums
+// (Sum4). Shared by gguf_interleave.cc and gguf_linear.cc with its kernel headers (gguf_rows.h too).
 // In an unnamed namespace, as when this code lived in gguf_linear.cc: internal to each file that
 // includes it, so the compiler inlines it as before and the module exports none of it.
 #pragma once
@@ -40,10 +40,10 @@ inline float Half(const uint8_t* p) {
 
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = 4;                 // rows interleaved per group
-constexpr int64_t kTileRows = 16;             // W rows dequantized per tile (4 <= M < 16), a multiple of kGroup
+constexpr int64_t kTileRows = 16;             // W rows per unit of the threads' split of N, a multiple of kGroup
 constexpr int64_t kParallelWork = 1 << 18;    // multiply-adds below which one thread is faster
 constexpr int64_t kWideM = 16;                // rows of x from which the broadcast kernel is used
-constexpr int64_t kPrefetchBytes = 3072;      // software prefetch distance in the weight stream (M < 4)
+constexpr int64_t kPrefetchBytes = 3072;      // software prefetch distance in the weight stream (M < 16)
 
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };  // ggml's type ids
 
@@ -100,6 +100,20 @@ inline void DequantBlock(const uint8_t* q, float d, float m, __m512& w0, __m512&
                                    : _mm512_mul_round_ps(_mm512_sub_ps(codes, _mm512_set1_ps(8.f)), dv, kRound);
   w0 = _mm512_permutexvar_ps(lo, table);
   w1 = _mm512_permutexvar_ps(hi, table);
+}
+
+// (sum of a's lanes, of b's, of c's, of d's): four horizontal sums sharing their shuffles.
+inline __m128 Sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // per 128-bit lane: (a0 + a2, b0 + b2, a1 + a3, b1 + b3), the same for c, d
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  // per 128-bit lane: (a, b, c, d) partial sums
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 lanes = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                     _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
 // Blocks b0 .. b0 + count of row n -> w[count * 32]

@@ -22,10 +22,10 @@
 // stream, the scales need no half-to-float conversion in the inner loop, and software prefetch runs
 // kPrefetchBytes ahead: a batch-1 decode of the default model's layers went from 8.3 to ~4 ms here.
 //
-// Paths: M < 4 (decode of a few sequences) on the interleaved types dequantizes each block into registers
-// and uses it for every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and
-// runs a register-blocked dot-product kernel over it; the row-major types below 16 rows dequantize 256
-// values of a row at a time into L1 and multiply them with each row of x (gguf_linear_rows.h); M >= 16,
+// Paths: M < 16 (decode of a few sequences, a speculative step's verification) on the interleaved types
+// dequantizes each block into registers once and uses it for every row of x (gguf_linear_narrow.h); the
+// row-major types below 16 rows dequantize 256 values of a row at a time into L1 and multiply them with
+// each row of x (gguf_linear_rows.h); M >= 16,
 // every type, broadcasts each dequantized weight against 16 rows of x (gguf_linear_wide.h, on chunks of
 // W rows dequantized by the type's function). Threads split N (OpenMP) when the work is large.
 //
@@ -61,23 +61,13 @@ namespace {
 template <int64_t QT>
 void RowsOf(const float* x, const float* xt, int64_t Mp, const uint8_t* w, int64_t M, int64_t K, int64_t N,
             int64_t n0, int64_t n1, float* y, std::vector<float>& tile) {
-  const int64_t g0 = n0 / kGroup, g1 = (n1 + kGroup - 1) / kGroup;  // n0 is a multiple of kGroup
-  switch (M) {
-    case 1: SmallGroups<1, QT>(x, w, K, N, g0, g1, y); return;
-    case 2: SmallGroups<2, QT>(x, w, K, N, g0, g1, y); return;
-    case 3: SmallGroups<3, QT>(x, w, K, N, g0, g1, y); return;
-    default:
-      if (xt != nullptr) {
-        const Format f = FormatOf(QT);
-        const int64_t blocks = K / kBlock;
-        const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
-          DequantRow<QT>(w, f, blocks, n, k0 / kBlock, kc / kBlock, out);
-        };
-        WideM(xt, Mp, dequant, w, blocks * f.group_bytes / kGroup, M, K, N, n0, n1, y, tile);
-      } else {
-        LargeM<QT>(x, w, M, K, N, n0, n1, y, tile);
-      }
-  }
+  if (xt == nullptr) return NarrowGroups<QT>(x, w, M, K, N, n0 / kGroup, (n1 + kGroup - 1) / kGroup, y);  // n0: whole groups
+  const Format f = FormatOf(QT);
+  const int64_t blocks = K / kBlock;
+  const auto dequant = [&](int64_t n, int64_t k0, int64_t kc, float* out) {
+    DequantRow<QT>(w, f, blocks, n, k0 / kBlock, kc / kBlock, out);
+  };
+  WideM(xt, Mp, dequant, w, blocks * f.group_bytes / kGroup, M, K, N, n0, n1, y, tile);
 }
 
 // A row-major type: below kWideM rows gguf_linear_rows.h's kernel, else the broadcast kernel on chunks of

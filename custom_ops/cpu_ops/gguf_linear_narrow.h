@@ -1,7 +1,9 @@
-// gguf_linear's kernels for few rows of x (AVX-512), templates instantiated by gguf_linear.cc's
-// dispatch: M < 4 (a decode of a few sequences) dequantizes each block in registers and uses it for
-// every row of x; 4 <= M < 16 dequantizes a tile of W rows into a float32 buffer once and runs a
-// register-blocked dot-product kernel over it.
+// gguf_linear's kernel for few rows of x (M < 16, AVX-512) on the interleaved types (Q4_0 / Q4_1 / Q8_0),
+// a template instantiated by gguf_linear.cc's dispatch: a speculative-decoding step's verification (k + 1
+// rows of one request) and a decode batch of a few sequences. Per group of 4 W rows, each block is
+// dequantized in registers once and used for up to kNarrowRows rows of x (more rows: the next kNarrowRows
+// run over the same group, whose bytes are then in L1), so W streams from memory once whatever M, and
+// the cost over one row is the FMAs of the added rows only.
 // In an unnamed namespace, as when this code lived in gguf_linear.cc: internal to each file that
 // includes it, so the compiler inlines it as before and the module exports none of it.
 #pragma once
@@ -10,86 +12,97 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "gguf_blocks.h"
 
 namespace {
 
-// M < 4: the 4 rows of each group at once (independent FMA chains hide the FMA latency), blocks
-// dequantized in registers and used for each of the MR rows of x. Groups g0 .. g1, rows past N skipped.
+constexpr int kNarrowRows = 8;  // rows of x per pass over a group: MR x CR <= 16 accumulators
+
+// y[MR rows (stride N), rows n .. n + 3 of W, those < N] = x[MR rows (stride K)] . the group whose first
+// block column is at `column`. The group's rows are taken CR at a time (4 up to 4 rows of x, else 2: MR x
+// CR float32 accumulators, 2 CR dequantized vectors and x's 2 in registers); each block's CR rows are
+// dequantized once and multiplied with every row of x. `prefetch`: this pass reads the group from
+// memory, so its stream is prefetched kPrefetchBytes ahead.
 template <int MR, int64_t QT>
-void SmallGroups(const float* x, const uint8_t* w, int64_t K, int64_t N, int64_t g0, int64_t g1, float* y) {
+void GroupRows(const float* x, const uint8_t* column0, int64_t K, int64_t N, int64_t n, bool prefetch, float* y) {
+  constexpr int CR = MR <= 4 ? 4 : 2;
   const Format f = FormatOf(QT);
   const int64_t blocks = K / kBlock;
-  for (int64_t g = g0; g < g1; ++g) {
-    __m512 acc[MR][kGroup];
+  for (int c0 = 0; c0 < kGroup; c0 += CR) {
+    __m512 acc[MR][CR];
     for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < kGroup; ++c) acc[r][c] = _mm512_setzero_ps();
-    const uint8_t* column = w + g * blocks * f.group_bytes;
+      for (int c = 0; c < CR; ++c) acc[r][c] = _mm512_setzero_ps();
+    const uint8_t* column = column0;
     for (int64_t b = 0; b < blocks; ++b, column += f.group_bytes) {
-      _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes + 64), _MM_HINT_T0);
-      if (f.group_bytes > 128) _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes + 128), _MM_HINT_T0);
-      const float* scales = reinterpret_cast<const float*>(column);
-      __m512 x0[MR], x1[MR];
-      for (int r = 0; r < MR; ++r) {
-        x0[r] = _mm512_loadu_ps(x + r * K + b * kBlock);
-        x1[r] = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+      if (prefetch && c0 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes + 64), _MM_HINT_T0);
+        if (f.group_bytes > 128)
+          _mm_prefetch(reinterpret_cast<const char*>(column + kPrefetchBytes + 128), _MM_HINT_T0);
       }
-      for (int c = 0; c < kGroup; ++c) {
-        __m512 w0, w1;
-        DequantBlock<QT>(column + f.scale_bytes + c * f.quant_bytes, scales[c], QT == kQ4_1 ? scales[kGroup + c] : 0.f,
-                         w0, w1);
-        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
+      const float* scales = reinterpret_cast<const float*>(column);
+      if constexpr (MR <= 3) {  // x's rows in registers, each W row dequantized and used at once
+        __m512 x0[MR], x1[MR];
+        for (int r = 0; r < MR; ++r) {
+          x0[r] = _mm512_loadu_ps(x + r * K + b * kBlock);
+          x1[r] = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+        }
+        for (int c = 0; c < CR; ++c) {
+          __m512 w0, w1;
+          DequantBlock<QT>(column + f.scale_bytes + (c0 + c) * f.quant_bytes, scales[c0 + c],
+                           QT == kQ4_1 ? scales[kGroup + c0 + c] : 0.f, w0, w1);
+          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_fmadd_ps(w1, x1[r], _mm512_fmadd_ps(w0, x0[r], acc[r][c]));
+        }
+      } else {  // the pass's W rows in registers, x's rows loaded in turn
+        __m512 w0[CR], w1[CR];
+        for (int c = 0; c < CR; ++c)
+          DequantBlock<QT>(column + f.scale_bytes + (c0 + c) * f.quant_bytes, scales[c0 + c],
+                           QT == kQ4_1 ? scales[kGroup + c0 + c] : 0.f, w0[c], w1[c]);
+        for (int r = 0; r < MR; ++r) {
+          const __m512 x0 = _mm512_loadu_ps(x + r * K + b * kBlock), x1 = _mm512_loadu_ps(x + r * K + b * kBlock + 16);
+          for (int c = 0; c < CR; ++c) acc[r][c] = _mm512_fmadd_ps(w1[c], x1, _mm512_fmadd_ps(w0[c], x0, acc[r][c]));
+        }
       }
     }
-    for (int c = 0; c < kGroup && g * kGroup + c < N; ++c)
-      for (int r = 0; r < MR; ++r) y[r * N + g * kGroup + c] = _mm512_reduce_add_ps(acc[r][c]);
+    // sums: four at a time, (row r: W rows c0 .. c0 + 3) or, CR = 2, (rows r and r + 1: W rows c0, c0 + 1)
+    const int64_t valid = std::min<int64_t>(CR, N - n - c0);  // W rows of this pass inside N
+    for (int r = 0; r < MR; r += 4 / CR) {
+      const __m512 zero = _mm512_setzero_ps();
+      const bool pair = CR == 2 && r + 1 < MR;
+      alignas(16) float sums[4];
+      _mm_store_ps(sums, CR == 4 ? Sum4(acc[r][0], acc[r][1 % CR], acc[r][2 % CR], acc[r][3 % CR])
+                                 : Sum4(acc[r][0], acc[r][1 % CR], pair ? acc[(r + 1) % MR][0] : zero,
+                                        pair ? acc[(r + 1) % MR][1 % CR] : zero));
+      for (int64_t c = 0; c < valid; ++c) {
+        y[r * N + n + c0 + c] = sums[c];
+        if (pair) y[(r + 1) * N + n + c0 + c] = sums[CR + c];
+      }
+    }
   }
 }
 
-// y[MR, NR] (row stride N) = x[MR, K] . wt[NR, K]^T, both float32 rows.
-template <int MR, int NR>
-void Micro(const float* x, const float* wt, int64_t K, float* y, int64_t N) {
-  __m512 acc[MR][NR];
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    __m512 xv[MR], wv[NR];
-    for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_ps(x + r * K + k);
-    for (int c = 0; c < NR; ++c) wv[c] = _mm512_loadu_ps(wt + c * K + k);
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_fmadd_ps(xv[r], wv[c], acc[r][c]);
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) y[r * N + c] = _mm512_reduce_add_ps(acc[r][c]);
-}
-
-template <int MR>
-void MicroRows(const float* x, const float* wt, int64_t K, float* y, int64_t N, int64_t nr) {
-  int64_t c = 0;
-  for (; c + 4 <= nr; c += 4) Micro<MR, 4>(x, wt + c * K, K, y + c, N);
-  for (; c < nr; ++c) Micro<MR, 1>(x, wt + c * K, K, y + c, N);
-}
-
-// 4 <= M < 16: tiles of kTileRows W rows dequantized once, reused by every row of x.
+// y[M, rows of groups g0 .. g1] = x[M, K] . those rows of W, M < 16 (gguf_linear's narrow path).
 template <int64_t QT>
-void LargeM(const float* x, const uint8_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y,
-            std::vector<float>& tile) {
-  const Format f = FormatOf(QT);
-  const int64_t blocks = K / kBlock;
-  tile.resize(kTileRows * K);
-  for (int64_t t = n0; t < n1; t += kTileRows) {
-    const int64_t nr = std::min(kTileRows, n1 - t);
-    for (int64_t j = 0; j < nr; ++j) DequantRow<QT>(w, f, blocks, t + j, 0, blocks, tile.data() + j * K);
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) MicroRows<4>(x + m * K, tile.data(), K, y + m * N + t, N, nr);
-    switch (M - m) {
-      case 3: MicroRows<3>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
-      case 2: MicroRows<2>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
-      case 1: MicroRows<1>(x + m * K, tile.data(), K, y + m * N + t, N, nr); break;
-      default: break;
+void NarrowGroups(const float* x, const uint8_t* w, int64_t M, int64_t K, int64_t N, int64_t g0, int64_t g1,
+                  float* y) {
+  const int64_t group_bytes = K / kBlock * FormatOf(QT).group_bytes;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* column = w + g * group_bytes;
+    const int64_t n = g * kGroup;
+    for (int64_t m = 0; m < M; m += kNarrowRows) {
+      const float* xm = x + m * K;
+      float* ym = y + m * N;
+      switch (std::min<int64_t>(kNarrowRows, M - m)) {
+        case 1: GroupRows<1, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 2: GroupRows<2, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 3: GroupRows<3, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 4: GroupRows<4, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 5: GroupRows<5, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 6: GroupRows<6, QT>(xm, column, K, N, n, m == 0, ym); break;
+        case 7: GroupRows<7, QT>(xm, column, K, N, n, m == 0, ym); break;
+        default: GroupRows<8, QT>(xm, column, K, N, n, m == 0, ym); break;
+      }
     }
   }
 }

@@ -18,7 +18,10 @@
 //   * AVX512-BF16 (compiled when -march=native has it): register tiles of up to 6 rows of x by one panel of
 //     64 columns (24 float32 accumulators); each k2 step loads the panel's 4 registers of W (bf16 as is,
 //     int8/int4 converted to bf16 in registers) and broadcasts each row's bf16 pair of x. Up to 6 rows this
-//     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); above,
+//     is the whole call (decode: W streams from memory once, at 2 / 1 / ~0.56 bytes per weight); int8 /
+//     int4 at 7 and 8 rows where AMX is absent (a speculative step's verification), and wint8 from 3, run
+//     one tile on half a panel's registers at a time (HalfTiles: W still streamed once, its registers
+//     loaded and converted once); above,
 //     where AMX is absent, int8/int4 panels are first converted to a bf16 panel in a per-thread buffer (in
 //     L2), reused by every 6-row block. One row of x on wint8 (decode) runs Wint8Row instead: float32
 //     FMAs on the int8 values widened to float32 and x's bf16 values widened back (the same products).
@@ -195,6 +198,19 @@ inline __mmask16 ColumnMask(int64_t cols, int j) {
 // One row of a panel's sums (4 registers, its 64 columns) into y's row at the panel's first column:
 // Finish, and with SwiGLU silu(gate) * up of columns c and 32 + c; `cols` of OutWidth columns are y's.
 // `stream` (all OutWidth columns, y 64-byte aligned): non-temporal stores.
+// Register j (columns 16 j .. 16 j + 15) of a row's sums into y as StoreRow does; with SwiGLU (j < 2)
+// `up` is the row's register j + 2, the up features of the gate features in `sum`.
+inline void StoreRegister(__m512 sum, __m512 up, const Epilogue& out, int64_t cols, int j, float* y, bool stream) {
+  const __mmask16 mask = ColumnMask(cols, j);
+  __m512 v = Finish(sum, out, j, mask);
+  if (out.activation == kSwiGlu) v = fd_cpu::SiluTimes(v, Finish(up, out, j + 2, mask));
+  if (stream) {
+    _mm512_stream_ps(y + 16 * j, v);
+  } else {
+    _mm512_mask_storeu_ps(y + 16 * j, mask, v);
+  }
+}
+
 inline void StoreRow(const __m512* sums, const Epilogue& out, int64_t cols, float* y, bool stream) {
   const bool swiglu = out.activation == kSwiGlu;
   for (int j = 0; j < (swiglu ? 2 : 4); ++j) {
@@ -256,7 +272,7 @@ inline __m512bh LoadW(const uint8_t* panel, const float* panel_scales, int64_t k
 constexpr int64_t kPrefetchBytes = 2048;
 
 template <int MR, int64_t KIND, bool STREAM>
-void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
+__attribute__((noinline)) void Tile(const uint32_t* xb, int64_t K2, int64_t k0, int64_t k1, const uint8_t* panel, const float* panel_scales,
           const Epilogue& out, int64_t cols, bool first, bool last, float* y, int64_t ldy) {
   constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
   __m512 acc[MR][4];
@@ -322,6 +338,45 @@ void RowBlocks(const uint32_t* xb, int64_t M, int64_t K2, int64_t k0, int64_t k1
   }
 }
 
+// y[MR rows, panel columns] = xb[MR rows] . panel over all pairs, MR <= kHalfTileRows rows (a speculative
+// step's verification where AMX is absent; wint8 from 3 rows, wint4 from 7; not bf16, whose 7-8 rows ran
+// faster as the blocks of Panels' prefill path): a Tile on half the
+// panel's registers at a time (j = h and h + 2: with SwiGLU a gate register and its up register), MR x 2
+// accumulators, so that 8 rows fit in registers and int8's conversion leaves registers free; the first
+// half streams W from memory (prefetched as Tile's STREAM), the second finds it in L2. Each W register is
+// loaded (int8 / int4: converted) once, as in one Tile of all rows. Tile and HalfTiles stay out of line:
+// inlined into one caller, they cost Tile's 4-6 row registers (bf16 at 6 rows ~1.7x slower here).
+constexpr int kHalfTileRows = 8;
+
+template <int MR, int64_t KIND>
+__attribute__((noinline)) void HalfTiles(const uint32_t* xb, int64_t K2, const uint8_t* panel, const float* panel_scales, const Epilogue& out,
+               int64_t cols, float* y, int64_t ldy) {
+  constexpr int64_t kPairBytes = KIND == kBf16 ? 256 : KIND == kWint8 ? 128 : 64;
+  for (int h = 0; h < 2; ++h) {
+    __m512 acc[MR][2];
+    for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+    for (int64_t k2 = 0; k2 < K2; ++k2) {
+      if (h == 0)
+        for (int64_t line = 0; line < kPairBytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(panel + k2 * kPairBytes + kPrefetchBytes + line), _MM_HINT_T0);
+      const __m512bh b0 = LoadW<KIND>(panel, panel_scales, k2, h), b1 = LoadW<KIND>(panel, panel_scales, k2, h + 2);
+      for (int m = 0; m < MR; ++m) {
+        const __m512bh a = AsBh(_mm512_set1_epi32(static_cast<int>(xb[m * K2 + k2])));
+        acc[m][0] = _mm512_dpbf16_ps(acc[m][0], a, b0);
+        acc[m][1] = _mm512_dpbf16_ps(acc[m][1], a, b1);
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      if (out.activation == kSwiGlu) {
+        StoreRegister(acc[m][0], acc[m][1], out, cols, h, y + m * ldy, false);
+      } else {
+        StoreRegister(acc[m][0], acc[m][0], out, cols, h, y + m * ldy, false);
+        StoreRegister(acc[m][1], acc[m][1], out, cols, h + 2, y + m * ldy, false);
+      }
+    }
+  }
+}
+
 // A panel's pairs 0..K2-1 as bf16 [K2, 128] (the bf16 panel layout), int8/int4 converted.
 template <int64_t KIND>
 void ToBf16Panel(const uint8_t* panel, const float* panel_scales, int64_t K2, uint16_t* out) {
@@ -380,8 +435,8 @@ void Wint8Row(const float* xf, const int8_t* panel, int64_t K2, const Epilogue& 
   StoreRow(sums, out, cols, y, false);
 }
 
-// Up to kMaxTileRows rows (decode): panels of W taken in runs from `next` (ClaimRun), one tile per panel
-// over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
+// Up to kHalfTileRows rows (decode, verification): panels of W taken in runs from `next` (ClaimRun), one
+// tile per panel (HalfTiles: wint8 3-8 rows, wint4 7-8; bf16 up to kMaxTileRows) over all of K, W streamed once (its prefetches reach into the run's next panel). More (prefill): work
 // items (block of rows of x, panel) taken one at a time from `next`, block-major, so a block of x (about
 // kXBlockBytes of bf16) stays in L2 while every panel passes and W streams from L3 once per block, instead
 // of all of x streaming once per panel (4096 x 768 x 3072 on 2 AMD EPYC Zen 4 cores without AMX: 131 GFLOP/s
@@ -404,7 +459,7 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
   const float* all_scales = reinterpret_cast<const float*>(w + l.WeightBytes());
   const bool swiglu = activation == kSwiGlu;
   const int64_t width = OutWidth(activation);
-  if (M <= kMaxTileRows) {
+  if (M <= (KIND == kBf16 ? kMaxTileRows : kHalfTileRows)) {  // bf16 at 7-8 rows: the blocks below were faster
     for (Run run = ClaimRun(next, l.panels, false); run.first < run.last; run = ClaimRun(next, l.panels, false))
     for (int64_t p = run.first; p < run.last; ++p) {
       const uint8_t* panel = w + p * l.panel_bytes;
@@ -413,8 +468,18 @@ void Panels(const uint32_t* xb, const float* xf, int64_t M, int64_t K2, const ui
       const int64_t cols = std::min(width, N - p * width);
       if (KIND == kWint8 && M == 1) {
         Wint8Row(xf, reinterpret_cast<const int8_t*>(panel), K2, out, cols, y + p * width);
-      } else {
+      } else if (M < (KIND == kWint8 ? 3 : kMaxTileRows + 1)) {
         RowBlocks<KIND, true>(xb, M, K2, 0, K2, panel, panel_scales, out, cols, true, true, y + p * width, N);
+      } else {
+        const auto args = std::make_tuple(xb, K2, panel, panel_scales, std::cref(out), cols, y + p * width, N);
+        switch (M) {
+          case 3: std::apply(HalfTiles<3, KIND>, args); break;
+          case 4: std::apply(HalfTiles<4, KIND>, args); break;
+          case 5: std::apply(HalfTiles<5, KIND>, args); break;
+          case 6: std::apply(HalfTiles<6, KIND>, args); break;
+          case 7: std::apply(HalfTiles<7, KIND>, args); break;
+          default: std::apply(HalfTiles<8, KIND>, args); break;
+        }
       }
     }
     return;

@@ -80,7 +80,7 @@ def test_interleaved_rows_equal_gguf_py(name):
 
 
 @pytest.mark.parametrize("name", sorted(ROW_MAJOR))
-@pytest.mark.parametrize("m", [1, 3, 15, 16, 33, 300])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 9, 15, 16, 33, 300])  # row by row, W row pairs (two passes from 9), broadcast
 @pytest.mark.parametrize("n,blocks", [(1, 1), (67, 3), (130, 2)])
 def test_row_major_op_matches_numpy(name, m, n, blocks):
     qtype = ROW_MAJOR[name]

@@ -84,7 +84,7 @@ def test_dequantized_weights_equal_gguf_py(name):
 
 
 @pytest.mark.parametrize("name", sorted(QTYPES))
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 64, 130])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17, 64, 130])  # every narrow kernel, two passes of rows
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (16, 576), (33, 1536), (600, 64)])
 def test_op_matches_numpy_matmul(name, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)

@@ -64,11 +64,12 @@ def compiled(name):
 # (M, N, K). Up to 6 rows: the AVX512-BF16 register tiles. From 7 rows on a CPU with AMX: AMX tiles, in
 # blocks of 16 rows up to 64 rows, the blocking below above (x zero padded: M = 7, 16, 17, 33, 100 hit each
 # tail); N not a multiple of 64 leaves padded panel columns out of y.
-SHAPES = [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (16, 64, 96), (17, 130, 160), (33, 70, 256),
-          (40, 70, 128), (100, 200, 192)]
+# 7 and 8 rows: HalfTiles where AMX is absent, AMX tiles where present
+SHAPES = [(1, 100, 128), (3, 64, 192), (6, 130, 128), (7, 200, 256), (8, 100, 192), (16, 64, 96), (17, 130, 160),
+          (33, 70, 256), (40, 70, 128), (100, 200, 192)]
 # K not a multiple of 32 (bf16 and wint8 only; wint4 groups are 32 wide): AMX steps are 32 values of K, so
 # the last step is zero padded
-K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (16, 64, 130), (17, 130, 208), (33, 64, 176), (100, 70, 2098)]
+K_TAIL_SHAPES = [(2, 70, 144), (7, 70, 144), (8, 70, 130), (16, 64, 130), (17, 130, 208), (33, 64, 176), (100, 70, 2098)]
 # Above 64 rows with AMX: x in blocks of 256 rows, panels in groups of 4 MiB // (K rounded up to 32 * 128)
 # (bf16 bytes of a panel), every block over a group before the next group; each block's K in chunks of 256
 # values (8 steps of 32), 32-row blocks then one of 16. M = 65: one block, a 16-row tail; 257 at K = 4000: a
@@ -132,7 +133,7 @@ def quick_gelu64(y: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("portable", [False, True])
 @pytest.mark.parametrize("name", sorted(KINDS))
-@pytest.mark.parametrize("m", [1, 7, 100])  # one row (Wint8Row for wint8), AMX 16-row blocks, AMX many rows
+@pytest.mark.parametrize("m", [1, 7, 8, 100])  # one row (Wint8Row for wint8), HalfTiles or AMX 16-row blocks, many rows
 def test_quick_gelu_activation_is_applied_where_y_is_written(name, portable, m):
     """activation 1: QuickGELU of (x @ W^T + bias) within float32 rounding of float64 QuickGELU of the float64
     product; on the fast path bit for bit the fd_quick_gelu op on the op's plain output (the same vector
@@ -163,7 +164,7 @@ def silu_times64(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 # K in chunks, the sums kept in a per-thread buffer); intermediate sizes 96 (whole 32-column halves: 3
 # panels), 40 (the last panel's halves 8 columns, zero rows after them) and 20 (one partial panel)
 # 1100 rows: without AMX three blocks of rows (the last partial), each with its own [block, 64] sums
-@pytest.mark.parametrize("m,inter", [(1, 96), (1, 40), (3, 40), (7, 96), (33, 40), (100, 96), (100, 20), (1100, 40)])
+@pytest.mark.parametrize("m,inter", [(1, 96), (1, 40), (3, 40), (7, 96), (8, 40), (33, 40), (100, 96), (100, 20), (1100, 40)])
 def test_swiglu_activation_on_interleaved_gate_up(name, portable, m, inter):
     """activation 2: W [2 inter, K] as [gate | up] rows packed in swiglu_rows' order, bias [gate | up]; y [m,
     inter] = silu(x Wg^T + bg) * (x Wu^T + bu) within float32 rounding of float64; on the fast path bit for
