@@ -135,8 +135,11 @@ class LlamaCppSingle:
 
         without_extra_buffers(llama_cpp)
         self.draft = counting_lookup(*lookup) if lookup else None
+        # logits_all with a draft model: llama-cpp-python then keeps every position's logits, but sizes that
+        # buffer from this argument (n_batch rows without it), so a sequence past n_batch tokens overflows it
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=MAX_MODEL_LEN, n_batch=512, n_threads=threads,
-                                   n_threads_batch=threads, draft_model=self.draft, seed=0, verbose=False)
+                                   n_threads_batch=threads, draft_model=self.draft, logits_all=self.draft is not None,
+                                   seed=0, verbose=False)
         self.eos = self.llm.token_eos()
 
     def run(self, prompts, max_tokens):
@@ -306,7 +309,7 @@ def main():
     ap.add_argument("--model", default=None, help=".gguf file or HF directory (default: SmolLM2-135M-Instruct GGUF)")
     ap.add_argument("--engines", default="ours,ours-ngram,llamacpp,llamacpp-lookup",
                     help=f"comma-separated subset of {','.join(ENGINES)}")
-    ap.add_argument("--num-speculative-tokens", type=int, default=5, help="k: draft tokens per step")
+    ap.add_argument("--num-speculative-tokens", type=int, default=4, help="k: draft tokens per step")
     ap.add_argument("--prompt-lookup-min", type=int, default=2, help="shortest n-gram the ngram method matches")
     ap.add_argument("--prompt-lookup-max", type=int, default=5, help="longest n-gram the ngram method matches "
                     "(llama.cpp's max_ngram_size)")
