@@ -15,7 +15,9 @@ Faults never hang the caller:
 - a broken executor kills all its workers, and every later step raises the first failure again;
 - start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
   an automatically chosen master port that another process took meanwhile (rank 0 checks it before
-  Paddle's store binds it: the store aborts the process on a port in use) is retried on a new one.
+  Paddle's store binds it: the store aborts the process on a port in use), or a rendezvous whose
+  connection between ranks was refused (gloo's ranks listen on ports of their own, which another
+  process may hold or close in between), is retried on a new one.
 With `nnodes` > 1 only this node's ranks are started and watched here; rank 0 forwards every step
 to the other nodes' ranks (distributed/relay.py, docs/tensor_parallel.md), whose failures reach us
 as rank 0's failed collective, and any error then breaks the executor.
@@ -48,7 +50,7 @@ from fastdeploy.worker.output import ModelRunnerOutput
 ERROR_GRACE_S = 5.0  # after one rank's error, how long the others may take to answer before the executor is broken
 SHUTDOWN_GRACE_S = 5.0  # how long workers may take to exit when asked, before they are killed
 PORT_RETRIES = 3  # fresh automatic master ports tried when the chosen one was taken meanwhile
-_ADDRESS_IN_USE = ("address already in use", "address in use", "errno 98")
+_RETRIED_ON_A_NEW_PORT = ("address already in use", "address in use", "errno 98", "connection refused")
 
 
 class WorkerFailure(RuntimeError):
@@ -116,8 +118,8 @@ class MultiprocExecutor(Executor):
                 return
             except WorkerFailure as e:
                 self._kill()
-                in_use = any(s in str(e).lower() for s in _ADDRESS_IN_USE)
-                if not (auto_port and in_use) or attempt == PORT_RETRIES - 1:
+                transient = any(s in str(e).lower() for s in _RETRIED_ON_A_NEW_PORT)
+                if not (auto_port and transient) or attempt == PORT_RETRIES - 1:
                     raise
             except BaseException:
                 self._kill()

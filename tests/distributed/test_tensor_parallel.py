@@ -325,6 +325,29 @@ def test_automatic_port_taken_before_rank_0_binds_it_is_retried(tiny_llama, monk
             llm.shutdown()
 
 
+def test_refused_rendezvous_is_retried_on_a_new_port(tiny_llama, monkeypatch):
+    """A start-up whose ranks could not connect (gloo: "connect [host]:port: Connection refused") is
+    retried from scratch on another automatic port."""
+    from fastdeploy.executor import multiproc
+
+    attempts, real_start = [], multiproc.MultiprocExecutor._start
+
+    def refused_once(self, fd_config, port, timeout):
+        attempts.append(port)
+        if len(attempts) == 1:
+            raise WorkerFailure("rank 1 failed at start-up: RuntimeError: [gloo/transport/tcp/pair.cc:784] "
+                                "connect [127.0.0.1]:32666: Connection refused")
+        return real_start(self, fd_config, port, timeout)
+
+    monkeypatch.setattr(multiproc.MultiprocExecutor, "_start", refused_once)
+    llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
+    try:
+        assert len(attempts) == 2
+        assert len(llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)) == len(TINY_PROMPTS)
+    finally:
+        llm.shutdown()
+
+
 def resident_mib() -> float:
     with open("/proc/self/statm", encoding="utf-8") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
