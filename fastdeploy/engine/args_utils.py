@@ -423,7 +423,6 @@ class EngineArgs:
             speculative_config=self._speculative(hf_config, pooler is not None),
         )
 
-
     def _speculative(self, hf_config: dict, pooling: bool) -> Optional[SpeculativeConfig]:
         """The parsed speculative_config, checked against the model: ValueError for a pooling model
         (nothing is decoded) and for "mtp" on a checkpoint without next-token-prediction layers."""

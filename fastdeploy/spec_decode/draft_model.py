@@ -24,7 +24,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.distributed.parallel_state import SINGLE, get_tp_group, set_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
-from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
+from fastdeploy.model_executor.layers.kv_cache import allocate_model_kv_caches
 
 
 class DraftModelProposer:
@@ -46,9 +46,8 @@ class DraftModelProposer:
         finally:
             set_tp_group(group)
         self.model.load_weights(source.weights())
-        mc = draft.model_config
-        self.caches = [allocate_kv_cache(cache.num_blocks, mc.num_key_value_heads, cache.block_size, mc.head_dim,
-                                         draft.kv_cache_dtype) for _ in range(mc.num_hidden_layers)]
+        self.caches = allocate_model_kv_caches(draft.model_config, cache.num_blocks, cache.block_size,
+                                               draft.kv_cache_dtype)
 
     @paddle.no_grad()
     def propose(self, states: list) -> dict[str, list[int]]:

@@ -25,3 +25,8 @@ def accepted_tokens(targets: list[int], drafts: list[int]) -> list[int]:
         if targets[j] != draft:
             return targets[: j + 1]
     return targets[: len(drafts) + 1]
+
+
+def num_rejected(drafts: list[int], kept: list[int]) -> int:
+    """Drafts a verification threw away: all but those `kept` (accepted drafts, then one sampled token)."""
+    return len(drafts) - (len(kept) - 1)

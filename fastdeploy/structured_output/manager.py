@@ -185,14 +185,18 @@ class StructuredOutputManager:
                 continue
             token = drafts[j]
             if not ended:
-                tail = (tail + [token])[-TAIL_TOKENS:]
-                ended = self.reasoning_end.closes(tail)
+                tail, ended = self._thinking_step(tail, token)
             elif (rows[j, token >> 5] >> (token & 31)) & 1 and self.backend.accept_token(grammar.matcher, token):
                 fed += 1
             else:
                 usable = False
         if fed:
             self.backend.rollback(grammar.matcher, fed)
+
+    def _thinking_step(self, tail: list, token_id: int) -> tuple[list, bool]:
+        """A thinking request's last TAIL_TOKENS tokens after `token_id`, and whether it closed the thinking."""
+        tail = (tail + [token_id])[-TAIL_TOKENS:]
+        return tail, self.reasoning_end.closes(tail)
 
     def accept_tokens(self, sampled_token_ids: dict[str, list[int]]) -> dict[str, str]:
         """Advance each constrained request by the tokens it gained in the step (accepted drafts and
@@ -205,8 +209,7 @@ class StructuredOutputManager:
             grammar = self.requests.get(req_id)
             for token_id in token_ids if grammar is not None else ():
                 if not grammar.reasoning_ended:  # thinking: unconstrained; the closing token is not fed
-                    grammar.tail = (grammar.tail + [token_id])[-TAIL_TOKENS:]
-                    grammar.reasoning_ended = self.reasoning_end.closes(grammar.tail)
+                    grammar.tail, grammar.reasoning_ended = self._thinking_step(grammar.tail, token_id)
                 elif not self.backend.accept_token(grammar.matcher, token_id):
                     failed[req_id] = (f"token {token_id} is not allowed by the request's guided_decoding "
                                       "constraint (no token was: e.g. min_tokens banned EOS where the grammar "

@@ -30,13 +30,13 @@ from fastdeploy.engine.sched.output import GrammarBitmask, SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.model_executor.layers import pooler
-from fastdeploy.model_executor.layers.kv_cache import allocate_kv_cache
+from fastdeploy.model_executor.layers.kv_cache import allocate_model_kv_caches
 from fastdeploy.model_executor.layers.sample.sampler import sample
 from fastdeploy.model_executor.logits_processor import build_logits_processors
 from fastdeploy.model_executor.ops.logprobs import token_logprobs
 from fastdeploy.platforms.cpu import collapse_into_huge_pages
 from fastdeploy.spec_decode.proposer import make_proposer
-from fastdeploy.spec_decode.verify import accepted_tokens
+from fastdeploy.spec_decode.verify import accepted_tokens, num_rejected
 from fastdeploy.worker.output import ModelRunnerOutput, PromptLogprobsOutput
 from fastdeploy.worker.multimodal import inputs_embeds, multimodal_rows, release_encoder_outputs
 from fastdeploy.worker.request_state import CachedRequestState
@@ -67,8 +67,7 @@ class ModelRunner:
         mc, cc = self.config.model_config, self.config.cache_config
         if mc.encoder_only:  # attends within the step only: no cache
             return []
-        return [allocate_kv_cache(cc.num_blocks, mc.num_key_value_heads, self.block_size, mc.head_dim, cc.dtype)
-                for _ in range(mc.num_hidden_layers)]
+        return allocate_model_kv_caches(mc, cc.num_blocks, self.block_size, cc.dtype)
 
     # ---- state --------------------------------------------------------------------------------
     def _update_states(self, out: SchedulerOutput) -> None:
@@ -114,7 +113,7 @@ class ModelRunner:
         if samplers:
             tokens, all_logprobs = self._sample(logits[:num_sample_rows], samplers, sample_drafts, out.grammar_bitmask)
             for state, kept, step_drafts, logprobs in zip(samplers, tokens, sample_drafts, all_logprobs):
-                state.num_computed_tokens -= len(step_drafts) - (len(kept) - 1)  # rejected drafts' slots
+                state.num_computed_tokens -= num_rejected(step_drafts, kept)  # their slots are not the sequence's
                 state.output_token_ids.extend(kept)
                 result.sampled_token_ids[state.req_id] = kept
                 if step_drafts:

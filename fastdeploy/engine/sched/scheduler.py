@@ -47,15 +47,14 @@ request holds none; every block's reference count equals the number of block tab
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable
-
-from typing import Optional
+from typing import Iterable, Optional
 
 from fastdeploy.cache_manager.kv_cache_manager import KVCacheManager
 from fastdeploy.config import SpeculativeConfig
 from fastdeploy.engine.request import Request, RequestStatus
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from fastdeploy.spec_decode.policy import SpeculationPolicy
+from fastdeploy.spec_decode.verify import num_rejected
 from fastdeploy.worker.output import ModelRunnerOutput
 
 
@@ -228,7 +227,7 @@ class Scheduler:
             tokens = runner_output.sampled_token_ids.get(req_id, ())
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:  # the rejected drafts' K/V were written but are not the sequence's
-                num_new -= len(drafts) - (len(tokens) - 1)
+                num_new -= num_rejected(drafts, tokens)
                 self.spec_policy.record(request, len(drafts), len(tokens) - 1)
             request.num_computed_tokens += num_new
             request.output_token_ids.extend(tokens)

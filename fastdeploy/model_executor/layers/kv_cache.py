@@ -65,3 +65,9 @@ def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim:
     key, value = np.zeros(rows, KV_CACHE_DTYPES[dtype]), np.zeros(rows, KV_CACHE_DTYPES[dtype])
     shape = (num_blocks, kv_heads, block_size, head_dim)
     return KVCache(key, value, as_paddle(key.reshape(shape)), as_paddle(value.reshape(shape)))
+
+
+def allocate_model_kv_caches(model_config, num_blocks: int, block_size: int, dtype: str) -> list:
+    """One cache per decoder layer of `model_config` (a config.py ModelConfig), each as allocate_kv_cache."""
+    return [allocate_kv_cache(num_blocks, model_config.num_key_value_heads, block_size, model_config.head_dim, dtype)
+            for _ in range(model_config.num_hidden_layers)]
