@@ -13,6 +13,8 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # BERT-style encoders: bidirectional attention within the step, no KV cache (models/bert.py, xlm_roberta.py)
 ENCODER_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
                          "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification")
+# image/video models: a vision tower before the decoder, M-RoPE (models/ernie4_5_vl/, input/vl_processor.py)
+VL_ARCHITECTURES = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
 
 
 def _rope_settings(hf: dict) -> tuple[float, Optional[dict]]:
@@ -333,15 +335,21 @@ class FDConfig:
     tool_call_parser: Optional[str] = None  # a name of fastdeploy.tool_parsers, or None
     mm_processor_kwargs: Optional[dict] = None  # multimodal preprocessing settings (input/vl_processor.py)
     limit_mm_per_prompt: Optional[dict] = None  # items per prompt per modality, merged over 1 each
-    tensor_parallel_size: int = 1  # ranks the model is split over (worker processes when > 1)
+    tensor_parallel_size: int = 1  # ranks each pipeline stage's layers are split over
+    pipeline_parallel_size: int = 1  # stages the layers are split into (contiguous ranges; docs/parallelism.md)
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the others to join (MASTER_ADDR)
     master_port: Optional[int] = None  # its port (MASTER_PORT); None: a free one, chosen at start
-    nnodes: int = 1  # machines the ranks are spread over (this one is node 0; docs/tensor_parallel.md)
+    nnodes: int = 1  # machines the ranks are spread over (this one is node 0; docs/parallelism.md)
     guided_decoding_backend: str = "auto"  # structured outputs: "auto", "guidance", "xgrammar" or "off"
     guided_decoding_disable_any_whitespace: bool = False  # compact JSON for every request
     logits_processors: list = field(default_factory=list)  # class specs (str), run in order (logits_processor/)
     pooler_config: Optional[PoolerConfig] = None  # a pooling model's pooler (engine/pooling_setup.py)
     speculative_config: Optional[SpeculativeConfig] = None  # None: one token per request per step
+
+    @property
+    def world_size(self) -> int:
+        """Worker ranks: pipeline stages x tensor-parallel ranks (1: the model runs in the engine's process)."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
 
     @property
     def runner(self) -> str:

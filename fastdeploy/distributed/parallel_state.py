@@ -1,11 +1,15 @@
-"""The tensor-parallel group the model being built belongs to, and its three collectives.
+"""The rank groups the model being built belongs to: its tensor-parallel group (three collectives)
+and its pipeline stage (which layers it holds, and the hidden states passed to the next stage).
 
-Layers read the group once, at build (`get_tp_group()`), and keep the collectives they need; a
-model built outside a worker process gets `SINGLE` (one rank, no communication), so the
-single-process path is unchanged. A tensor-parallel worker (worker/tp_worker.py) sets its group
-with `set_tp_group` after `paddle.distributed.init_parallel_env()` and before building the model.
+Layers read them once, at build (`get_tp_group()`, `get_pp_stage()`), and keep what they need; a
+model built outside a worker process gets `SINGLE` and `SINGLE_STAGE` (one rank, every layer, no
+communication), so the single-process path is unchanged. A worker (worker/tp_worker.py) sets both
+after `paddle.distributed.init_parallel_env()` and before building the model.
 
-Collectives run on paddle.distributed's default group: gloo on CPU, NCCL on GPU.
+Ranks are laid out stage-major (vLLM's order): global rank = stage x tensor_parallel_size + tp rank.
+Collectives run on paddle.distributed (gloo on CPU, NCCL on GPU): a tensor-parallel group's on the
+group of its stage's ranks, the pipeline's point to point between the same tp rank of neighbouring
+stages (every tp rank holds the whole hidden state after its all-reduce).
 """
 from __future__ import annotations
 
@@ -15,21 +19,24 @@ import paddle
 
 
 class TensorParallelGroup:
-    """rank in [0, size); the collectives are called by every rank in the same order.
+    """rank in [0, size); the collectives are called by every rank in the same order. `first_rank`:
+    the global rank of tp rank 0 (the stage's first); `group`: paddle.distributed's group of the
+    ranks, None for the default group (every rank of the world).
 
     `comm_seconds` / `comm_calls` add up the wall time spent in the collectives (waiting for the
     slowest rank included) and their count, for benchmarks/ to report the communication cost."""
 
-    def __init__(self, rank: int, size: int):
+    def __init__(self, rank: int, size: int, first_rank: int = 0, group=None):
         if not 0 <= rank < size:
             raise ValueError(f"tensor-parallel rank {rank} is outside [0, {size})")
         self.rank, self.size = rank, size
+        self.first_rank, self.group = first_rank, group
         self.comm_seconds, self.comm_calls = 0.0, 0
 
     def all_reduce(self, x: paddle.Tensor) -> paddle.Tensor:
         """Element-wise sum of x over the ranks (x [any shape] float32, summed in place); returned."""
         start = time.perf_counter()
-        paddle.distributed.all_reduce(x)
+        paddle.distributed.all_reduce(x, group=self.group)
         self._count(start)
         return x
 
@@ -37,14 +44,14 @@ class TensorParallelGroup:
         """Every rank's x ([..., d, ...], the same shape on each) concatenated along `axis` in rank order."""
         start = time.perf_counter()
         parts: list = []
-        paddle.distributed.all_gather(parts, x)
+        paddle.distributed.all_gather(parts, x, group=self.group)
         self._count(start)
         return paddle.concat(parts, axis=axis)
 
     def broadcast(self, x: paddle.Tensor, src: int = 0) -> paddle.Tensor:
-        """x overwritten with rank `src`'s x (the same shape and dtype on every rank); returned."""
+        """x overwritten with tp rank `src`'s x (the same shape and dtype on every rank); returned."""
         start = time.perf_counter()
-        paddle.distributed.broadcast(x, src=src)
+        paddle.distributed.broadcast(x, src=self.first_rank + src, group=self.group)
         self._count(start)
         return x
 
@@ -53,8 +60,59 @@ class TensorParallelGroup:
         self.comm_calls += 1
 
 
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """The contiguous layer range of each of `num_stages` pipeline stages. Layers that do not divide go
+    one each to the stages before the last, from the second-to-last backwards (vLLM's split: the first
+    stage also embeds and the last computes the logits). ValueError when a stage would get none."""
+    if not 1 <= num_stages <= num_layers:
+        raise ValueError(f"pipeline_parallel_size={num_stages} must be between 1 and the model's "
+                         f"num_hidden_layers={num_layers} (every stage holds at least one layer)")
+    counts = [num_layers // num_stages] * num_stages
+    for i in range(num_layers % num_stages):
+        counts[-2 - i] += 1
+    starts = [sum(counts[:i]) for i in range(num_stages)]
+    return [range(start, start + count) for start, count in zip(starts, counts)]
+
+
+class PipelineStage:
+    """Stage `index` of `size`, holding decoder layers `layers` (the embedding on the first stage, the
+    final norm and lm_head on the last). `prev_rank` / `next_rank`: the global ranks this rank receives
+    the hidden states from and sends them to (None at the ends). `bytes_sent` / `send_seconds` /
+    `recv_seconds`: totals so far, for benchmarks/."""
+
+    def __init__(self, index: int, size: int, layers: range, prev_rank=None, next_rank=None):
+        self.index, self.size, self.layers = index, size, layers
+        self.prev_rank, self.next_rank = prev_rank, next_rank
+        self.bytes_sent, self.send_seconds, self.recv_seconds = 0, 0.0, 0.0
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.size - 1
+
+    def send(self, hidden: paddle.Tensor) -> None:
+        """Hand `hidden` [n, hidden_size] float32 to the next stage (blocks until it receives)."""
+        start = time.perf_counter()
+        paddle.distributed.send(hidden, dst=self.next_rank)
+        self.send_seconds += time.perf_counter() - start
+        self.bytes_sent += hidden.shape[0] * hidden.shape[1] * hidden.element_size()
+
+    def recv(self, num_tokens: int, hidden_size: int) -> paddle.Tensor:
+        """The previous stage's hidden states of this step, [num_tokens, hidden_size] float32."""
+        start = time.perf_counter()
+        hidden = paddle.empty([num_tokens, hidden_size], dtype="float32")
+        paddle.distributed.recv(hidden, src=self.prev_rank)
+        self.recv_seconds += time.perf_counter() - start
+        return hidden
+
+
 SINGLE = TensorParallelGroup(0, 1)
 _group = SINGLE
+SINGLE_STAGE = PipelineStage(0, 1, range(0, 1 << 30))  # every layer
+_stage = SINGLE_STAGE
 
 
 def get_tp_group() -> TensorParallelGroup:
@@ -64,3 +122,12 @@ def get_tp_group() -> TensorParallelGroup:
 def set_tp_group(group: TensorParallelGroup) -> None:
     global _group
     _group = group
+
+
+def get_pp_stage() -> PipelineStage:
+    return _stage
+
+
+def set_pp_stage(stage: PipelineStage) -> None:
+    global _stage
+    _stage = stage

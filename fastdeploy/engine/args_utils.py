@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from fastdeploy.config import CacheConfig, FDConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from fastdeploy.distributed.pipeline import check_pipeline_parallel
 from fastdeploy.distributed.sharding import check_tensor_parallel
 from fastdeploy.engine import pooling_setup
 from fastdeploy.reasoning import get_reasoning_parser
@@ -65,15 +66,22 @@ class EngineArgs:
             weights plus KV cache may use when sizing the pool.
         kv_cache_ratio: accepted for FastDeploy compatibility; FastDeploy's V1 scheduler (and this
             engine) use every block for prefill and decode alike, so it has no effect.
-        tensor_parallel_size: split the model over this many worker processes (one per rank,
-            paddle.distributed: gloo on CPU), each holding 1/N of the weights and of the KV cache;
-            see docs/tensor_parallel.md. The model's KV heads and intermediate sizes must allow
-            the split (ValueError naming the numbers otherwise, before anything is loaded).
+        tensor_parallel_size: split each pipeline stage's layers over this many worker processes
+            (one per rank, paddle.distributed: gloo on CPU), each holding 1/N of the weights and of
+            the KV cache; see docs/parallelism.md. The model's KV heads and intermediate sizes must
+            allow the split (ValueError naming the numbers otherwise, before anything is loaded).
+        pipeline_parallel_size: split the decoder layers into this many stages of contiguous layers
+            (the embedding on the first, the final norm and lm_head on the last; layers that do not
+            divide go to the stages before the last), each stage on tensor_parallel_size worker
+            processes, up to this many steps in flight (docs/parallelism.md). At most the model's
+            num_hidden_layers; generative text models only, without speculative_config (ValueError
+            otherwise, before anything is loaded).
         master_addr: the address rank 0 listens on for the other ranks (MASTER_ADDR).
         master_port: its port (MASTER_PORT); None picks a free one. A port in use is a ValueError.
-        nnodes: machines the tensor_parallel_size ranks are spread over, evenly; this process is node
-            0, the others run `python -m fastdeploy.worker.tp_node` (docs/tensor_parallel.md). More
-            than 1 needs master_port and a master_addr the other nodes reach.
+        nnodes: machines the pipeline_parallel_size x tensor_parallel_size ranks are spread over,
+            evenly and in rank order (stage-major: whole stages per machine when they divide); this
+            process is node 0, the others run `python -m fastdeploy.worker.tp_node`
+            (docs/parallelism.md). More than 1 needs master_port and a master_addr the other nodes reach.
         seed: seed of the generator unseeded requests draw from (None: fresh entropy).
         chat_template: a Jinja template (string or path) replacing the model's chat template.
         enable_prefix_caching: reuse the KV of full blocks of earlier sequences with the same
@@ -132,9 +140,6 @@ class EngineArgs:
         trust_remote_code: vLLM's switch for running a checkpoint's own Python code. This engine never
             runs code from a checkpoint (models are built from its own supported architectures), so
             the value changes nothing; True logs that once per process.
-        pipeline_parallel_size: vLLM's pipeline stages. Only 1: pipeline parallelism is not
-            implemented yet (ValueError otherwise); split a model over processes with
-            tensor_parallel_size.
         guided_decoding_backend: the structured-output backend (structured_output/): "auto" (default;
             llguidance, a base requirement), "guidance" (llguidance), "xgrammar" (the optional
             `fastdeploy[xgrammar]` extra, which brings torch; without it, an ImportError naming the
@@ -233,7 +238,7 @@ class EngineArgs:
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
-        for name in ("block_size", "tensor_parallel_size"):
+        for name in ("block_size", "tensor_parallel_size", "pipeline_parallel_size"):
             positive_int(name)
         for name in ("max_model_len", "max_num_seqs"):
             if getattr(self, name) is not None:
@@ -249,9 +254,10 @@ class EngineArgs:
         if not isinstance(self.master_addr, str) or not self.master_addr:
             raise ValueError(f"master_addr must be a host name or IP address, got {self.master_addr!r}")
         positive_int("nnodes")
-        if self.tensor_parallel_size % self.nnodes or (self.nnodes > 1 and self.master_port is None):
-            raise ValueError(f"nnodes must divide tensor_parallel_size={self.tensor_parallel_size} and, above 1, "
-                             f"come with a master_port the other nodes join at; got nnodes={self.nnodes}, "
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if world % self.nnodes or (self.nnodes > 1 and self.master_port is None):
+            raise ValueError(f"nnodes must divide the ranks (pipeline_parallel_size x tensor_parallel_size = {world}) "
+                             f"and, above 1, come with a master_port the other nodes join at; got nnodes={self.nnodes}, "
                              f"master_port={self.master_port}")
         for name in ("gpu_memory_utilization", "kv_cache_ratio"):
             value = getattr(self, name)
@@ -294,12 +300,9 @@ class EngineArgs:
             raise TypeError(f"trust_remote_code must be True or False, got {self.trust_remote_code!r}")
         if self.trust_remote_code:
             _note_no_remote_code()
-        value = self.pipeline_parallel_size
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"pipeline_parallel_size must be an int >= 1, got {value!r}")
-        if value != 1:
-            raise ValueError(f"pipeline_parallel_size={value}: pipeline parallelism is not implemented yet (only 1); "
-                             "split the model over processes with tensor_parallel_size instead")
+        if self.pipeline_parallel_size > 1 and self.speculative_config is not None:
+            raise ValueError(f"pipeline_parallel_size={self.pipeline_parallel_size} with speculative_config: "
+                             "speculative decoding under pipeline parallelism is not supported yet; drop one")
         if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
             raise ValueError(f"guided_decoding_backend must be one of {list(GUIDED_DECODING_BACKENDS)}, "
                              f"got {self.guided_decoding_backend!r}")
@@ -387,9 +390,12 @@ class EngineArgs:
         check_tensor_parallel(model_config, self.tensor_parallel_size)
         pooler = pooling_setup.resolve_pooler(self.runner, self.convert, self.task, hf_config, model_path,
                                               self.user_pooler_config)
-        if pooler is not None and self.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: pooling models run in one process "
-                             "(tensor parallelism serves generative models); leave it 1")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if pooler is not None and getattr(self, name) > 1:
+                raise ValueError(f"{name}={getattr(self, name)}: pooling models run in one process "
+                                 "(tensor and pipeline parallelism serve generative models); leave it 1")
+        if self.pipeline_parallel_size > 1:
+            check_pipeline_parallel(model_config, self.pipeline_parallel_size)
         limit = model_config.max_sequence_length
         if self.max_model_len is not None and self.max_model_len > limit:
             raise ValueError(
@@ -413,6 +419,7 @@ class EngineArgs:
             mm_processor_kwargs=self.mm_processor_kwargs,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
             master_addr=self.master_addr,
             master_port=self.master_port,
             nnodes=self.nnodes,

@@ -3,7 +3,7 @@ config, weight format and bytes (the KV pool is sized with its cache: cache_mana
 after the checks that make a draft that cannot serve the target a ValueError before anything loads."""
 from __future__ import annotations
 
-from fastdeploy.config import DraftModelConfig, FDConfig, ModelConfig
+from fastdeploy.config import VL_ARCHITECTURES, DraftModelConfig, FDConfig, ModelConfig
 
 
 def resolve_draft_model(config: FDConfig, tokenizer, dtype: str, quantization) -> DraftModelConfig:
@@ -11,7 +11,6 @@ def resolve_draft_model(config: FDConfig, tokenizer, dtype: str, quantization) -
     `quantization` (the LLM's settings) give it. ValueError when the target is multimodal, when the
     draft's tokenizer differs from the target's (`tokenizer`) or its positions end before
     max_model_len + k."""
-    from fastdeploy.input.processors import VL_ARCHITECTURES
     from fastdeploy.input.tokenizer import load_tokenizer
     from fastdeploy.model_executor.layers.quantization.weight_format import gguf_held_bytes, resolve_weight_format
     from fastdeploy.model_executor.model_loader import open_model

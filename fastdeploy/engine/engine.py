@@ -17,6 +17,12 @@ the output processor detokenizes and checks stops -> finished completions leave 
 (their blocks are freed) -> RequestOutputs of prompts whose completions have all finished. A step
 that raises (an exception or Ctrl-C inside the model) is rolled back in the scheduler first.
 
+With pipeline stages (`executor.max_concurrent_batches` > 1) one `step()` submits steps until that
+many are in flight (vLLM v1's batch queue: stage 1 computes step i while stage 2 computes step i - 1)
+or nothing more can be scheduled (the scheduler never schedules a request that is in flight), then
+waits for the oldest and applies its result as above. An exception or Ctrl-C while waiting drops the
+steps in flight (`Scheduler.drop_in_flight`).
+
 A prompt with `n` completions is n Requests (vLLM's parallel sampling): each is scheduled, sampled
 and finished on its own; seeded ones draw from (seed, index, step).
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from typing import Optional
 
 from fastdeploy.cache_manager.block_pool import BlockPool
@@ -35,6 +42,7 @@ from fastdeploy.engine.draft_setup import resolve_draft_model
 from fastdeploy.engine.pooling_params import PoolingParams
 from fastdeploy.engine.request import Request, RequestOutput
 from fastdeploy.engine.sampling_params import SamplingParams
+from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.executor import Executor, InProcessExecutor, MultiprocExecutor
 from fastdeploy.input.input_processor import PreparedPrompt
@@ -68,6 +76,7 @@ class LLMEngine:
             fd_config.guided_decoding_disable_any_whitespace, reasoning=parser is not None)
         self._next_id = 0
         self._thread = threading.local()  # .threads: this thread's compute threads, once set
+        self._in_flight: deque[SchedulerOutput] = deque()  # submitted steps, oldest first (pipeline stages)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -95,7 +104,7 @@ class LLMEngine:
             spec.draft = resolve_draft_model(config, tokenizer, args.dtype, args.quantization)
             weights_bytes += spec.draft.weights_bytes
         config.cache_config = kv_cache_sizing.size_kv_cache(config, weights_bytes, weight_format.kv_cache_dtype)
-        if config.tensor_parallel_size > 1:  # the workers open the checkpoint and load their shards
+        if config.world_size > 1:  # the workers open the checkpoint and load their shards
             executor = MultiprocExecutor(config, source.quant_config, weight_format.quant_config)
         else:
             executor = InProcessExecutor(config, source.weights(), weight_format.quant_config)
@@ -173,9 +182,42 @@ class LLMEngine:
         the deltas of streamed prompts that advanced in it."""
         if getattr(self._thread, "threads", None) is None:  # OpenMP's thread count is per calling thread
             self._thread.threads = set_paddle_threads()
+        if self.executor.max_concurrent_batches > 1:
+            return self._step_pipelined()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
+        self._prepare_step(scheduler_output)
+        try:
+            runner_output = self.executor.execute_model(scheduler_output)
+        except BaseException:
+            self.scheduler.rollback()  # nothing this step promised was computed
+            raise
+        return self._apply(scheduler_output, runner_output)
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Submit steps until `max_concurrent_batches` are in flight or none can be scheduled, then
+        apply the oldest one's result."""
+        while len(self._in_flight) < self.executor.max_concurrent_batches:
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.is_empty:
+                break
+            self._prepare_step(scheduler_output)
+            self.executor.submit(scheduler_output)
+            self._in_flight.append(scheduler_output)
+        if not self._in_flight:
+            return []
+        try:
+            runner_output = self.executor.collect()
+        except BaseException:
+            self._in_flight.clear()
+            self.executor.drop_in_flight()
+            self.scheduler.drop_in_flight()
+            raise
+        return self._apply(self._in_flight.popleft(), runner_output)
+
+    def _prepare_step(self, scheduler_output: SchedulerOutput) -> None:
+        """Before the step is handed over: its grammar masks start filling, new requests are timed."""
         if self.structured_output.requests:  # their masks fill while the forward runs
             sampling = self.scheduler.sampling_req_ids(scheduler_output)
             scheduler_output.grammar_bitmask = self.structured_output.grammar_bitmask(
@@ -184,11 +226,9 @@ class LLMEngine:
         for new in scheduler_output.scheduled_new_reqs:
             request = self.scheduler.requests[new.req_id]
             self.output_processor.on_scheduled(new.req_id, now, request.num_cached_tokens)
-        try:
-            runner_output = self.executor.execute_model(scheduler_output)
-        except BaseException:
-            self.scheduler.rollback()  # nothing this step promised was computed
-            raise
+
+    def _apply(self, scheduler_output: SchedulerOutput, runner_output) -> list[RequestOutput]:
+        """A step's result through the scheduler, the grammars and the output processor; the outputs."""
         self.scheduler.update_from_output(scheduler_output, runner_output)
         rejected = self.structured_output.accept_tokens(runner_output.sampled_token_ids)
         finished_ids, outputs = self.output_processor.process(runner_output, rejected)

@@ -247,6 +247,7 @@ class Request(TokenSequence):
     num_computed_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_blocks_sent: Optional[int] = None  # blocks the runner knows; None: send the request in full
+    num_output_sent: int = 0  # generated tokens the runner was sent (CachedRequestData.new_token_ids)
     num_preemptions: int = 0
     num_prompt_logprobs_done: int = 1  # prompt positions scored so far (position 0 has none)
     extra_keys: tuple = ()  # mixed into every block hash; an item's mm_hash goes into the blocks it overlaps

@@ -75,7 +75,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 class MultiprocExecutor(Executor):
-    """`fd_config.tensor_parallel_size` worker processes on this machine; see the module docstring.
+    """`fd_config.world_size` worker processes (pipeline stages x tensor-parallel ranks) on this
+    machine; see the module docstring.
 
     quant_config: the checkpoint's (for GGUF, checked to split on block boundaries; the workers
     read the checkpoint themselves); model_quant_config: what each rank builds its model with (the
@@ -88,13 +89,16 @@ class MultiprocExecutor(Executor):
 
     def __init__(self, fd_config: FDConfig, quant_config=None, model_quant_config=None,
                  start_timeout_s: Optional[float] = None):
-        self.size = fd_config.tensor_parallel_size
+        self.size = fd_config.world_size
         self.nnodes = fd_config.nnodes
         self.local_size = self.size // self.nnodes  # ranks 0 .. local_size - 1 run here, the rest on other nodes
+        self.max_concurrent_batches = fd_config.pipeline_parallel_size  # one step per stage in flight
+        self.tp_size = fd_config.tensor_parallel_size
+        self.output_rank = self.size - self.tp_size  # the last stage's tp rank 0 samples
         tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
         packed_kind = getattr(model_quant_config, "kind", None)  # PackedConfig: bf16, wint8 or wint4
-        for rank in range(self.size):  # ValueError before any worker starts
-            shard = TensorParallelShard(fd_config.model_config, rank, self.size)
+        for rank in range(fd_config.tensor_parallel_size):  # ValueError before any worker starts
+            shard = TensorParallelShard(fd_config.model_config, rank, fd_config.tensor_parallel_size)
             if tensor_types:
                 shard.check_quantized_split(tensor_types)
             if packed_kind is not None:
@@ -104,7 +108,8 @@ class MultiprocExecutor(Executor):
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
         self._failure: Optional[str] = None
-        self._unanswered: set[int] = set()
+        self._owed = [0] * self.local_size  # answers each rank owes us (messages sent, answers not read)
+        self._steps_in_flight = 0  # submitted steps whose answers the engine still wants (collect)
         self._shut_down = False
         self.start_memory: list[int] = []  # each rank's resident bytes once loaded
         _LIVE.add(self)
@@ -143,39 +148,61 @@ class MultiprocExecutor(Executor):
             self._procs.append(proc)
             self._conns.append(Connection(ours.detach()))
             self._conns[-1].send((fd_config, self.model_quant_config, threads))
+        self._owed = [1] * self.local_size  # the ready message
         replies = self._collect(range(self.local_size), "start-up", timeout)
         self.start_memory = [replies[r] for r in range(self.local_size)]
 
     # ---- the step ------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self._request(("step", scheduler_output), "step")[0]
+        return self._request(("step", scheduler_output), "step")[self.output_rank]
+
+    def submit(self, scheduler_output: SchedulerOutput) -> None:
+        """Send a step to every rank without waiting (pipeline parallelism: up to
+        `max_concurrent_batches` steps in flight, each stage working on its own); `collect` returns the
+        results in submission order."""
+        self._send(("step", scheduler_output), "step")
+        self._steps_in_flight += 1
+
+    def collect(self) -> ModelRunnerOutput:
+        """The result of the oldest submitted step (waits for it)."""
+        replies = self._collect(range(self.local_size), "step")
+        self._steps_in_flight -= 1
+        return replies[self.output_rank]
+
+    def drop_in_flight(self) -> None:
+        """Stop waiting for the submitted steps (the engine was interrupted): their answers are read
+        and dropped before the next message."""
+        self._steps_in_flight = 0
 
     def worker_stats(self) -> list:
         """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident and parameter bytes now,
-        collectives' time and count so far), in rank order."""
+        collectives' and pipeline sends' time, count and bytes so far), in rank order."""
         replies = self._request(("stats",), "stats request")
         return [replies[r] for r in range(self.local_size)]
 
     def _request(self, message: tuple, what: str) -> dict:
         """Send `message` to every rank (pickled once); their answers {rank: payload}."""
-        self._check_usable()
-        if self._unanswered:  # a request interrupted by Ctrl-C: its answers come first
-            self._collect(sorted(self._unanswered), f"interrupted request before this {what}")
-        self._broadcast(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        if self._steps_in_flight:
+            raise RuntimeError(f"a {what} while {self._steps_in_flight} submitted steps are in flight")
+        self._send(message, what)
         return self._collect(range(self.local_size), what)
 
-    def _broadcast(self, payload: bytes) -> None:
-        self._unanswered = set(range(self.local_size))
+    def _send(self, message: tuple, what: str) -> None:
+        self._check_usable()
+        while max(self._owed) > self._steps_in_flight:  # answers of an interrupted request come first
+            self._collect([r for r in range(self.local_size) if self._owed[r] > self._steps_in_flight],
+                          f"interrupted request before this {what}")
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(payload)
             except OSError:
                 self._fail(self._describe_exit(rank))
+            self._owed[rank] += 1
 
     def _collect(self, ranks, what: str, timeout: Optional[float] = None) -> dict:
-        """Each rank's answer {rank: payload}; WorkerFailure naming the rank on an error or a death."""
+        """Each rank's next answer {rank: payload}; WorkerFailure naming the rank on an error or a death."""
         pending = {self._conns[r]: r for r in ranks}
-        self._unanswered = set(pending.values())
         replies, errors = {}, {}
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
@@ -186,35 +213,42 @@ class MultiprocExecutor(Executor):
             if not ready:
                 if errors:  # the other ranks are stuck in a collective the failed rank never joined
                     self._fail(self._error_message(what, errors))
-                self._fail(f"tensor-parallel workers {sorted(pending.values())} gave no answer to the {what} "
+                self._fail(f"workers {[self._name(r) for r in sorted(pending.values())]} gave no answer to the {what} "
                            f"within {timeout} s")
             for conn in ready:
                 rank = pending.pop(conn)
-                self._unanswered.discard(rank)
                 try:
                     status, payload = conn.recv()
                 except (EOFError, OSError):
                     self._fail(self._describe_exit(rank))
+                self._owed[rank] -= 1
                 (errors if status == "error" else replies)[rank] = payload
         if errors:  # every local rank answered: nobody here is stuck, the executor stays usable
-            if what == "start-up" or self.nnodes > 1:  # (an error on another node reaches us as rank 0's)
+            # except at start-up, across nodes (an error there reaches us as rank 0's) and with pipeline
+            # stages (the later steps in flight, and the stages after the failed one, are stuck)
+            if what == "start-up" or self.nnodes > 1 or self.max_concurrent_batches > 1:
                 self._fail(self._error_message(what, errors))
             raise WorkerFailure(self._error_message(what, errors))
         return replies
 
-    @staticmethod
-    def _error_message(what: str, errors: dict) -> str:
+    def _error_message(self, what: str, errors: dict) -> str:
         rank = next(iter(errors))  # the first to arrive: the others may only report its absence
-        return f"tensor-parallel worker rank {rank} failed in the {what}:\n{errors[rank]}"
+        return f"{self._name(rank)} failed in the {what}:\n{errors[rank]}"
+
+    def _name(self, rank: int) -> str:
+        """How errors name a worker: its rank, and its pipeline stage when there are several."""
+        if self.max_concurrent_batches == 1:
+            return f"tensor-parallel worker rank {rank}"
+        return f"worker rank {rank} (pipeline stage {rank // self.tp_size}, tensor-parallel rank {rank % self.tp_size})"
 
     def _describe_exit(self, rank: int) -> str:
         proc = self._procs[rank]
         try:
             code = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
-            return f"tensor-parallel worker rank {rank} (pid {proc.pid}) closed its connection"
+            return f"{self._name(rank)} (pid {proc.pid}) closed its connection"
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        return f"tensor-parallel worker rank {rank} (pid {proc.pid}) {how}"
+        return f"{self._name(rank)} (pid {proc.pid}) {how}"
 
     def _fail(self, message: str):
         """Break the executor: kill every worker and raise; later calls raise the same message."""
@@ -226,7 +260,7 @@ class MultiprocExecutor(Executor):
         if self._shut_down:
             raise RuntimeError("the executor was shut down")
         if self._failure is not None:
-            raise WorkerFailure(f"the tensor-parallel workers are gone ({self._failure}); create a new LLM")
+            raise WorkerFailure(f"the workers are gone ({self._failure}); create a new LLM")
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def check_health(self) -> None:

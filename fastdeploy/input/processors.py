@@ -6,10 +6,9 @@ Paddle checkpoints both name `Ernie4_5_VLMoeForConditionalGeneration`.
 """
 from __future__ import annotations
 
-from fastdeploy.config import FDConfig
+from fastdeploy.config import VL_ARCHITECTURES, FDConfig
 from fastdeploy.input.input_processor import InputProcessor
 
-VL_ARCHITECTURES = frozenset({"Ernie4_5_VLMoeForConditionalGeneration"})
 
 
 def complete_hf_config(hf_config: dict, tokenizer) -> dict:

@@ -17,6 +17,12 @@ ragged batch, samples every one of those rows as the non-speculative steps would
 (spec_decode/verify.py); the K/V of the rejected ones stay in slots past its tokens and are
 overwritten later. After sampling, the proposer (n-gram lookup, a draft model) proposes the drafts of
 the requests in `spec_decode_req_ids` for their next step.
+
+Pipeline parallelism (distributed/parallel_state.py `PipelineStage`): a stage after the first receives
+the previous stage's hidden states for the step's tokens in place of the embeddings, a stage before
+the last sends its layers' output on and samples nothing; the last stage samples. The stages before
+the last learn the sampled tokens from the scheduler (`CachedRequestData.new_token_ids`) when it
+schedules the request again.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import numpy as np
 import paddle
 
 from fastdeploy.config import FDConfig
+from fastdeploy.distributed.parallel_state import get_pp_stage
 from fastdeploy.engine.sched.output import GrammarBitmask, SchedulerOutput
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.host_arrays import as_paddle
@@ -48,10 +55,12 @@ PROMPT_LOGPROBS_ROWS = 256  # prompt positions scored at once (bounds the [rows,
 
 class ModelRunner:
     def __init__(self, fd_config: FDConfig, model, samples: bool = True):
-        """`samples`: this runner samples the tokens (False on tensor-parallel ranks other than 0),
-        so it builds the LLM's logits processors."""
+        """`samples`: this runner samples the tokens (False on tensor-parallel ranks other than 0 and on
+        pipeline stages before the last), so it builds the LLM's logits processors."""
         self.config = fd_config
         self.model = model
+        self.samples = samples
+        self.stage = get_pp_stage()  # the model's: which layers (and so which KV caches) it holds
         self.block_size = fd_config.cache_config.block_size
         self.vocab_size = fd_config.model_config.vocab_size
         self.rng = np.random.default_rng(fd_config.seed)  # draws of unseeded requests
@@ -67,7 +76,7 @@ class ModelRunner:
         mc, cc = self.config.model_config, self.config.cache_config
         if mc.encoder_only:  # attends within the step only: no cache
             return []
-        return allocate_model_kv_caches(mc, cc.num_blocks, self.block_size, cc.dtype)
+        return allocate_model_kv_caches(mc, cc.num_blocks, self.block_size, cc.dtype, self.stage.layers)
 
     # ---- state --------------------------------------------------------------------------------
     def _update_states(self, out: SchedulerOutput) -> None:
@@ -81,6 +90,8 @@ class ModelRunner:
             del state.block_ids[cached.num_kept_blocks :]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+            if not self.stage.is_last:  # the last stage sampled them
+                state.output_token_ids.extend(cached.new_token_ids)
 
     # ---- the step ------------------------------------------------------------------------------
     @paddle.no_grad()
@@ -96,7 +107,14 @@ class ModelRunner:
         (input_ids, positions, meta, logits_indices), samplers, prompt_rows, poolers = self._prepare(scheduled, drafts)
         mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
         embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
+        if not self.stage.is_first:  # the previous stage's output for these tokens
+            embeds = self.stage.recv(input_ids.shape[0], self.config.model_config.hidden_size)
         hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
+        if not self.stage.is_last:
+            self.stage.send(hidden)
+            for state, n in scheduled:
+                state.num_computed_tokens += n
+            return result
         if poolers:
             result.pooler_output = self._pool(np.from_dlpack(hidden), poolers)
         sample_drafts = [drafts.get(state.req_id, []) for state in samplers]

@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
+from fastdeploy.distributed.parallel_state import get_pp_stage
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.platforms.cpu import proc_bytes, return_freed_memory, reuse_freed_memory
 from fastdeploy.worker.model_runner import ModelRunner
@@ -44,12 +45,18 @@ from fastdeploy.worker.model_runner import ModelRunner
 @dataclasses.dataclass
 class WorkerStats:
     """What a rank reports about itself: resident memory, the bytes of its model's parameters as held
-    (packed weights as their packed buffers), and time and count of its collectives so far."""
+    (packed weights as their packed buffers), time and count of its tensor-parallel collectives so
+    far, and its pipeline stage's sends to the next stage so far (bytes, seconds) and time waiting for
+    the previous stage's hidden states."""
 
     resident_bytes: int
     parameter_bytes: int
     comm_seconds: float
     comm_calls: int
+    stage: int = 0
+    pipeline_bytes_sent: int = 0
+    pipeline_send_seconds: float = 0.0
+    pipeline_recv_seconds: float = 0.0
 
 
 def resident_bytes() -> int:
@@ -75,10 +82,8 @@ def wait_for_listener(host: str, port: int, timeout_s: float = 600.0) -> None:
 
 
 def init_process_group():
-    """Join paddle.distributed's default group from the environment; returns our TensorParallelGroup."""
+    """Join paddle.distributed's default group from the environment."""
     import paddle.distributed as dist
-
-    from fastdeploy.distributed.parallel_state import TensorParallelGroup, set_tp_group
 
     if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
         os.environ.setdefault("FLAGS_selected_gpus", os.environ.get("FD_LOCAL_RANK", "0"))
@@ -92,14 +97,33 @@ def init_process_group():
     else:
         wait_for_listener(host, port)
     dist.init_parallel_env()
-    group = TensorParallelGroup(dist.get_rank(), dist.get_world_size())
+
+
+def join_rank_groups(fd_config):
+    """This rank's tensor-parallel group and pipeline stage (distributed/parallel_state.py), set for
+    the model build; ranks are stage-major: global rank = stage x tp size + tp rank. Every rank creates
+    every stage's group (paddle.distributed creates groups collectively, in the same order)."""
+    import paddle.distributed as dist
+
+    from fastdeploy.distributed.parallel_state import (PipelineStage, TensorParallelGroup, set_pp_stage,
+                                                       set_tp_group, stage_layers)
+
+    rank, tp, pp = dist.get_rank(), fd_config.tensor_parallel_size, fd_config.pipeline_parallel_size
+    index, tp_rank = divmod(rank, tp)
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) if pp > 1 else None for s in range(pp)]
+    group = TensorParallelGroup(tp_rank, tp, index * tp, groups[index])
+    layers = stage_layers(fd_config.model_config.num_hidden_layers, pp)[index]
+    stage = PipelineStage(index, pp, layers, rank - tp if index > 0 else None, rank + tp if index < pp - 1 else None)
     set_tp_group(group)
-    return group
+    set_pp_stage(stage)
+    return group, stage
 
 
-def build_runner(fd_config, quant_config, group):
+def build_runner(fd_config, quant_config, group, stage):
     """Open the checkpoint, build this rank's model from its local config in the weight format of
-    `quant_config` (each packed weight packed from this rank's shard) and load its shard."""
+    `quant_config` (each packed weight packed from this rank's shard) and load its shard of its
+    stage's tensors."""
+    from fastdeploy.distributed.pipeline import stage_weights
     from fastdeploy.distributed.sharding import TensorParallelShard
     from fastdeploy.model_executor.model_loader import open_model
     from fastdeploy.model_executor.models import get_model_class
@@ -110,7 +134,7 @@ def build_runner(fd_config, quant_config, group):
     local = dataclasses.replace(fd_config, model_config=shard.local_config())
     model = model_cls(local.model_config, local.cache_config.block_size, local.scheduler_config.max_model_len,
                       quant_config)
-    model.load_weights(shard.shard_weights(source.weights()))
+    model.load_weights(shard.shard_weights(stage_weights(source.weights(), stage, fd_config.model_config)))
     return TensorParallelModelRunner(local, model, group)
 
 
@@ -118,12 +142,14 @@ class TensorParallelModelRunner(ModelRunner):
     """A ModelRunner whose sampling happens on rank 0 only; the token ids are broadcast to the others."""
 
     def __init__(self, fd_config, model, group):
-        super().__init__(fd_config, model, samples=group.rank == 0)
+        super().__init__(fd_config, model, samples=group.rank == 0 and get_pp_stage().is_last)
         self.group = group
 
     def _sample(self, logits, samplers, drafts, grammar):
         """Rank 0 samples and verifies; every rank gets each sampler's kept tokens (a broadcast of one
         slot per row: the kept count first, the tokens after it, so every rank knows the size)."""
+        if self.group.size == 1:  # a pipeline stage without tensor parallelism: nobody to tell
+            return super()._sample(logits, samplers, drafts, grammar)
         rows = len(samplers) + sum(map(len, drafts))
         if self.group.rank == 0:  # the only rank that samples, so the only one that masks
             tokens, logprobs = super()._sample(logits, samplers, drafts, grammar)
@@ -155,11 +181,12 @@ def serve(conn: Connection, runner, rank: int, relay=None) -> None:
         try:
             if kind == "step":
                 output = runner.execute_model(message[1])
-                reply = ("ok", output if rank == 0 else None)
+                reply = ("ok", output if runner.samples else None)
             elif kind == "stats":
-                group = runner.group
+                group, stage = runner.group, runner.stage
                 reply = ("ok", WorkerStats(resident_bytes(), parameter_bytes(runner.model), group.comm_seconds,
-                                           group.comm_calls))
+                                           group.comm_calls, stage.index, stage.bytes_sent, stage.send_seconds,
+                                           stage.recv_seconds))
             else:
                 reply = ("error", f"unknown message {kind!r}")
         except Exception:
@@ -190,7 +217,7 @@ def main(argv: list[str]) -> int:
                                             (None, None, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         paddle.base.core.set_num_threads(threads)
         reuse_freed_memory()
-        group = init_process_group()
+        init_process_group()
         relay = None
         if local_size < world:
             from fastdeploy.distributed.relay import Relay
@@ -200,7 +227,8 @@ def main(argv: list[str]) -> int:
                 relay.send((fd_config, quant_config))
             elif rank >= local_size:
                 fd_config, quant_config = relay.recv()
-        runner = build_runner(fd_config, quant_config, group)
+        group, stage = join_rank_groups(fd_config)
+        runner = build_runner(fd_config, quant_config, group, stage)
         return_freed_memory()
         if relay is not None:  # rank 0 is ready once the other nodes' ranks (which cannot tell the engine) are
             paddle.distributed.barrier()

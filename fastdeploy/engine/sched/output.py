@@ -78,12 +78,15 @@ class NewRequestData:
 class CachedRequestData:
     """A request the runner already holds: its block table is cut to its first `num_kept_blocks`
     blocks (the scheduler freed the blocks of rejected draft tokens since the runner last heard of the
-    request) and the blocks it received this step are appended."""
+    request) and the blocks it received this step are appended. `new_token_ids`: the tokens sampled
+    for it since the runner last heard of it, which a pipeline stage before the last (it samples
+    nothing) appends to its state."""
 
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int  # tokens in the KV cache before this step (a check on the runner's state)
     num_kept_blocks: int = 0
+    new_token_ids: list[int] = field(default_factory=list)
 
 
 class GrammarBitmask:

@@ -28,8 +28,14 @@ writes its next drafts' K/V after the step. If the pool cannot give those, it de
 usual. `update_from_output` counts only the accepted drafts as computed and frees the blocks past
 the request's tokens. Drafts' blocks are registered in the prefix cache only once accepted.
 
+With pipeline parallelism the engine keeps up to `pipeline_parallel_size` steps in flight (engine.py):
+a request of a step whose result has not come back is not scheduled again (its tokens and
+`num_computed_tokens` are not known yet) nor preempted, and `update_from_output` takes the results
+in the order the steps were built. Each `CachedRequestData` carries the tokens sampled for the
+request since the runner last heard of it, for the stages that sample nothing.
+
 When the pool has no block for a request of steps 1-2, the most recently admitted running request
-is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
+not in flight is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it
 goes back to the front of the queue; no new request joins in that step.
 
 `schedule()` returns a `SchedulerOutput` (sched/output.py: ids, token counts and block ids, no
@@ -79,6 +85,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_ids: set[str] = set()  # finished since the last step: the runner drops them
         self._step: _Step = _Step(0)  # the last step built, kept for rollback
+        self.in_flight: set[Request] = set()  # scheduled in a step whose result has not come back
         self.spec_policy = SpeculationPolicy(speculative_config) if speculative_config is not None else None
         self.lookahead = speculative_config.draft_lookahead if speculative_config is not None else 0
 
@@ -95,11 +102,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         step = self._step = _Step(self.max_num_batched_tokens)
         self.kv_cache_manager.begin_step()
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        ready = [r for r in self.running if r not in self.in_flight]
+        decodes = [r for r in ready if r.num_tokens - r.num_computed_tokens == 1]
         if self.spec_policy is not None:
             step.speculating = self.spec_policy.step_is_on(len(self.running))
             step.draft_room = self.spec_policy.draft_rows(len(decodes))
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        prefills = [r for r in ready if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
             if request not in self.running:  # preempted while making room for an earlier one
                 continue
@@ -123,6 +131,9 @@ class Scheduler:
         for request, num_new in step.tokens.items():  # no preemption follows: their KV will be written
             # (drafts are not the request's tokens yet: their blocks are registered once accepted)
             self.kv_cache_manager.cache_blocks(request, min(request.num_computed_tokens + num_new, request.num_tokens))
+        if not step.tokens:  # (finished ids wait for a step that reaches the runner)
+            return SchedulerOutput()
+        self.in_flight.update(step.tokens)
         return self._make_output(step)
 
     def _make_output(self, step: "_Step") -> SchedulerOutput:
@@ -137,15 +148,19 @@ class Scheduler:
                 out.scheduled_new_reqs.append(_new_request_data(request))
             else:
                 new_blocks = request.block_ids[request.num_blocks_sent :]
-                out.scheduled_cached_reqs.append(CachedRequestData(request.request_id, new_blocks,
-                                                                   request.num_computed_tokens, request.num_blocks_sent))
+                out.scheduled_cached_reqs.append(CachedRequestData(
+                    request.request_id, new_blocks, request.num_computed_tokens, request.num_blocks_sent,
+                    request.output_token_ids[request.num_output_sent :]))
             request.num_blocks_sent = len(request.block_ids)
+            request.num_output_sent = len(request.output_token_ids)
         return out
 
     def _reserve_blocks(self, request: Request, num_new: int, step: "_Step") -> bool:
         """Give `request` blocks for `num_new` more tokens, preempting later requests if needed."""
         while self.kv_cache_manager.allocate_slots(request, num_new) is None:
-            victim = self.running[-1]
+            victim = next((r for r in reversed(self.running) if r not in self.in_flight), None)
+            if victim is None:  # only requests in flight could make room: wait for their results
+                return False
             step.remove(victim)
             self._preempt(victim)
             step.preempted.append(victim)
@@ -196,7 +211,7 @@ class Scheduler:
                 return
             scheduled = step.tokens.get(request, 0)
             remaining = request.num_tokens - request.num_computed_tokens - scheduled
-            if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0:  # a decode
+            if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0 or request in self.in_flight:
                 continue
             start = request.num_computed_tokens + scheduled
             room = self.kv_cache_manager.num_tokens_fitting(request) - start
@@ -218,12 +233,13 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
         """Apply a step's result: each scheduled request's tokens are now in the KV cache
         (`num_computed_tokens` advances), sampled tokens are appended, scored prompt positions counted."""
-        self._step = _Step(0)
+        self._step = _Step(0)  # (steps in flight are never rolled back: drop_in_flight)
         self.kv_cache_manager.commit_step()
         for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None:  # finished or aborted meanwhile
                 continue
+            self.in_flight.discard(request)
             tokens = runner_output.sampled_token_ids.get(req_id, ())
             drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
             if drafts:  # the rejected drafts' K/V were written but are not the sequence's
@@ -263,7 +279,17 @@ class Scheduler:
                 request.num_cached_tokens = cached_before
         for request in step.tokens:
             request.num_blocks_sent = None
+        self.in_flight.difference_update(step.tokens)
         self._finished_ids |= step.finished_sent
+
+    def drop_in_flight(self) -> None:
+        """Forget the results of every step in flight (the engine stopped waiting for them: an
+        exception or Ctrl-C): their requests are scheduled again from what the scheduler knows, and
+        sent to the runner in full (its states may have advanced by the dropped results). Their K/V
+        are written all the same (every stage runs its steps in order), so no block is undone."""
+        for request in self.in_flight:
+            request.num_blocks_sent = None
+        self.in_flight.clear()
 
     # ---- leaving --------------------------------------------------------------------------------------
     def _preempt(self, request: Request) -> None:
@@ -292,6 +318,7 @@ class Scheduler:
             elif request in self.waiting:
                 self.waiting.remove(request)
             self.kv_cache_manager.free(request)
+            self.in_flight.discard(request)  # a stage computing it meanwhile writes only its own layers' K/V
             request.status = RequestStatus.FINISHED
             self._finished_ids.add(req_id)
 

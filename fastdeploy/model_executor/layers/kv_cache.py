@@ -15,6 +15,8 @@ which the KV pool is sized with (cache_manager/kv_cache_sizing.py).
 """
 from dataclasses import dataclass
 
+from typing import Optional
+
 import numpy as np
 import paddle
 
@@ -67,7 +69,10 @@ def allocate_kv_cache(num_blocks: int, kv_heads: int, block_size: int, head_dim:
     return KVCache(key, value, as_paddle(key.reshape(shape)), as_paddle(value.reshape(shape)))
 
 
-def allocate_model_kv_caches(model_config, num_blocks: int, block_size: int, dtype: str) -> list:
-    """One cache per decoder layer of `model_config` (a config.py ModelConfig), each as allocate_kv_cache."""
+def allocate_model_kv_caches(model_config, num_blocks: int, block_size: int, dtype: str,
+                             layers: Optional[range] = None) -> list:
+    """One cache per decoder layer of `model_config` (a config.py ModelConfig), each as allocate_kv_cache;
+    with `layers` (a pipeline stage's), only those layers get one (None at the others' indices)."""
     return [allocate_kv_cache(num_blocks, model_config.num_key_value_heads, block_size, model_config.head_dim, dtype)
-            for _ in range(model_config.num_hidden_layers)]
+            if layers is None or i in layers else None
+            for i in range(model_config.num_hidden_layers)]

@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 import paddle
 
 from fastdeploy.config import ModelConfig
-from fastdeploy.distributed.parallel_state import get_tp_group
+from fastdeploy.distributed.parallel_state import get_pp_stage, get_tp_group
 from fastdeploy.model_executor.forward_meta import ForwardMeta
 from fastdeploy.model_executor.layers.append_attention import select_attention_backend
 from fastdeploy.model_executor.layers.decoder_layer import DecoderLayer
@@ -31,30 +31,41 @@ class DecoderModel(paddle.nn.Layer):
     Chooses at build the attention backend (shared by all layers) and which layers run fused.
     Under tensor parallelism (`get_tp_group()` of more than one rank) `config` is the rank's local
     one (distributed/sharding.py: its heads and intermediate sizes; vocab_size stays the full one).
+    A pipeline stage (`get_pp_stage()`) builds only its layers (the others are empty placeholders, so
+    parameter names and KV-cache indices stay the checkpoint's), the embedding only on the first
+    stage and the final norm only on the last.
     """
 
     def __init__(self, config: ModelConfig, block_size: int, max_model_len: int,
                  quant_config: Optional[QuantConfig], make_mlp, rope):
         super().__init__()
-        group = get_tp_group()
-        self.embed_tokens = (make_embedding(config.vocab_size, config.hidden_size, quant_config) if group.size == 1
-                             else VocabParallelEmbedding(config.vocab_size, config.hidden_size, group))
+        group, self.stage = get_tp_group(), get_pp_stage()
+        if self.stage.is_first:
+            self.embed_tokens = (make_embedding(config.vocab_size, config.hidden_size, quant_config) if group.size == 1
+                                 else VocabParallelEmbedding(config.vocab_size, config.hidden_size, group))
         self.attn_backend = select_attention_backend(config.num_attention_heads, config.num_key_value_heads,
                                                      config.head_dim, block_size)
         self.layers = paddle.nn.LayerList([
             DecoderLayer(config, i, rope, self.attn_backend, make_mlp(config, i, quant_config, f"model.layers.{i}.mlp"),
-                         quant_config, f"model.layers.{i}")
+                         quant_config, f"model.layers.{i}") if i in self.stage.layers else paddle.nn.Layer()
             for i in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.runs = plan_layer_runs(self.layers, self.attn_backend, fuse=group.size == 1)
+        if self.stage.is_last:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        held = self.layers[self.stage.layers.start : min(self.stage.layers.stop, config.num_hidden_layers)]
+        self.runs = plan_layer_runs(held, self.attn_backend, fuse=group.size == 1)
 
     def forward(self, input_ids: Optional[paddle.Tensor], positions: paddle.Tensor, forward_meta: ForwardMeta,
                 inputs_embeds: Optional[paddle.Tensor] = None) -> paddle.Tensor:
+        """On a stage after the first, `inputs_embeds` is the previous stage's output; on a stage
+        before the last the result is this stage's layers' output (the residual stream added in:
+        the next stage's first layer starts from it as the first layer starts from the embeddings)."""
         forward_meta.attn_metadata = self.attn_backend.init_attention_metadata(forward_meta)
         hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)  # [n, hidden]
         residual = None
         for run in self.runs:
             hidden, residual = run(positions, hidden, residual, forward_meta)
+        if not self.stage.is_last:
+            return hidden + residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -77,7 +88,7 @@ class CausalLM(paddle.nn.Layer):
                                   self.make_rope(config, max_model_len))
         self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
         self.embedding_reads_lm_head = False
-        if self.has_lm_head:
+        if self.has_lm_head and self.model.stage.is_last:
             self._build_lm_head(config, quant_config)
 
     def _build_lm_head(self, config: ModelConfig, quant_config: Optional[QuantConfig]) -> None:
@@ -86,8 +97,9 @@ class CausalLM(paddle.nn.Layer):
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
                               config.lm_head_bias, select_linear_method(quant_config, [source]))
-        # one packed or GGUF copy serves both (each rank: its rows)
-        self.embedding_reads_lm_head = config.tie_word_embeddings and reads_rows(self.lm_head.method)
+        # one packed or GGUF copy serves both (each rank: its rows), when one stage holds both
+        self.embedding_reads_lm_head = (config.tie_word_embeddings and reads_rows(self.lm_head.method)
+                                        and self.model.stage.is_first)
         if self.embedding_reads_lm_head:  # the embedding DecoderModel built gives way: its objects are kept for reuse
             release_parameters(self.model.embed_tokens.parameters())
             tied = TiedEmbedding(self.lm_head)
@@ -137,8 +149,8 @@ class CausalLM(paddle.nn.Layer):
             if name.endswith(self.IGNORED_WEIGHTS):
                 continue
             param_name, shard = parameter_of(name)
-            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and self.has_lm_head
-            if not (tied and self.embedding_reads_lm_head):  # else only lm_head holds it
+            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and "lm_head.weight" in params
+            if not (tied and (self.embedding_reads_lm_head or not self.model.stage.is_first)):  # else only lm_head holds it
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
                 self._load(name, params[param_name], tensor, shard)
