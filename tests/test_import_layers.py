@@ -35,7 +35,7 @@ LAYERS = [
     ("executor", ["fastdeploy.executor"]),
     ("worker", ["fastdeploy.worker"]),
     ("speculative decoding", ["fastdeploy.spec_decode"]),
-    ("tensor parallelism", ["fastdeploy.distributed"]),
+    ("parallelism", ["fastdeploy.distributed"]),
     ("tool parsers", ["fastdeploy.tool_parsers"]),
     ("reasoning", ["fastdeploy.reasoning"]),
     ("output", ["fastdeploy.output"]),

@@ -1,26 +1,28 @@
-"""MultiprocExecutor: tensor parallelism over N worker processes, one per rank (worker/tp_worker.py).
+"""MultiprocExecutor: the model over P x T worker processes, one per rank (worker/tp_worker.py):
+P pipeline stages of T tensor-parallel ranks each.
 
 The engine process keeps the scheduler; each step it pickles the SchedulerOutput once and sends it
-to every rank, and returns rank 0's ModelRunnerOutput (sampling happens there only, so the tokens do
-not depend on N). Workers are started with `python -m` (not multiprocessing's spawn, which would
-re-run an unguarded user script), each with one end of a socket pair and the paddle.distributed
-variables of its rank; they open the checkpoint themselves and load their shard.
+to every rank, and returns the sampling rank's ModelRunnerOutput (the last stage's tp rank 0:
+sampling happens there only, so the tokens depend on neither P nor T). With P > 1 up to P steps are
+in flight (`submit` / `collect`): every rank takes the steps in order, so stage 1 computes step i
+while stage 2 computes step i - 1. Workers are started with `python -m` (not multiprocessing's
+spawn, which would re-run an unguarded user script), each with one end of a socket pair and the
+paddle.distributed variables of its rank; they open the checkpoint themselves and load their shard.
 
 Faults never hang the caller:
 - every wait watches every rank's socket: a worker that dies closes its end, so its death is
-  seen at once (EOF), named by rank, pid and exit status or signal;
+  seen at once (EOF), named by rank (and stage), pid and exit status or signal;
 - an error raised on one rank is reported with that rank's traceback; when every rank answered the
   step the executor stays usable (the engine rolls the step back), otherwise the others are stuck
-  in a collective and the executor is broken;
+  in a collective and the executor is broken; with pipeline stages or several nodes any error breaks it;
 - a broken executor kills all its workers, and every later step raises the first failure again;
 - start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
   an automatically chosen master port that another process took meanwhile (rank 0 checks it before
   Paddle's store binds it: the store aborts the process on a port in use), or a rendezvous whose
   connection between ranks was refused (gloo's ranks listen on ports of their own, which another
   process may hold or close in between), is retried on a new one.
-With `nnodes` > 1 only this node's ranks are started and watched here; rank 0 forwards every step
-to the other nodes' ranks (distributed/relay.py, docs/tensor_parallel.md), whose failures reach us
-as rank 0's failed collective, and any error then breaks the executor.
+With `nnodes` > 1 only this node's ranks are started here; the other nodes' ranks connect to the
+engine over TCP (distributed/engine_link.py) and are then served, and watched, as local ones.
 `shutdown()` (also from `__del__` and at interpreter exit) asks the workers to exit and kills the
 ones that have not within seconds; a worker also exits by itself when the engine process goes away.
 A Ctrl-C while a step runs leaves the workers finishing it; its answers are read and dropped
@@ -41,6 +43,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 from fastdeploy.config import FDConfig
+from fastdeploy.distributed.engine_link import ENGINE_PORT_OFFSET, accept_rank, listen
 from fastdeploy.distributed.sharding import TensorParallelShard
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
@@ -108,7 +111,7 @@ class MultiprocExecutor(Executor):
         self._procs: list[subprocess.Popen] = []
         self._conns: list[Connection] = []
         self._failure: Optional[str] = None
-        self._owed = [0] * self.local_size  # answers each rank owes us (messages sent, answers not read)
+        self._owed = [0] * self.size  # answers each rank owes us (messages sent, answers not read)
         self._steps_in_flight = 0  # submitted steps whose answers the engine still wants (collect)
         self._shut_down = False
         self.start_memory: list[int] = []  # each rank's resident bytes once loaded
@@ -132,25 +135,54 @@ class MultiprocExecutor(Executor):
 
     # ---- start-up ------------------------------------------------------------------------------
     def _start(self, fd_config: FDConfig, port: int, timeout: Optional[float]) -> None:
-        self._procs, self._conns, self._failure = [], [], None
+        self._procs, self._conns, self._failure = [], [None] * self.size, None
         threads = max(1, engine_threads() // self.local_size)
         endpoints = ",".join(f"{self.master_addr}:{port + i}" for i in range(self.size))
-        for rank in range(self.local_size):
-            ours, theirs = socket.socketpair()
-            env = dict(os.environ, PADDLE_TRAINER_ID=str(rank), PADDLE_TRAINERS_NUM=str(self.size),
-                       PADDLE_NNODES=str(self.nnodes),
-                       MASTER_ADDR=self.master_addr, MASTER_PORT=str(port), PADDLE_TRAINER_ENDPOINTS=endpoints,
-                       PADDLE_CURRENT_ENDPOINT=f"{self.master_addr}:{port + rank}", FD_LOCAL_RANK=str(rank),
-                       OMP_NUM_THREADS=str(threads))
-            with theirs:
-                proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_worker", str(theirs.fileno())],
-                                        pass_fds=[theirs.fileno()], env=env, start_new_session=True)
-            self._procs.append(proc)
-            self._conns.append(Connection(ours.detach()))
-            self._conns[-1].send((fd_config, self.model_quant_config, threads))
-        self._owed = [1] * self.local_size  # the ready message
-        replies = self._collect(range(self.local_size), "start-up", timeout)
+        listener = listen(self.master_addr, port + ENGINE_PORT_OFFSET) if self.nnodes > 1 else None
+        try:
+            for rank in range(self.local_size):
+                ours, theirs = socket.socketpair()
+                env = dict(os.environ, PADDLE_TRAINER_ID=str(rank), PADDLE_TRAINERS_NUM=str(self.size),
+                           MASTER_ADDR=self.master_addr, MASTER_PORT=str(port), PADDLE_TRAINER_ENDPOINTS=endpoints,
+                           PADDLE_CURRENT_ENDPOINT=f"{self.master_addr}:{port + rank}", FD_LOCAL_RANK=str(rank),
+                           OMP_NUM_THREADS=str(threads))
+                with theirs:
+                    proc = subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_worker", str(theirs.fileno())],
+                                            pass_fds=[theirs.fileno()], env=env, start_new_session=True)
+                self._procs.append(proc)
+                self._conns[rank] = Connection(ours.detach())
+                self._conns[rank].send((fd_config, self.model_quant_config, threads))
+            if listener is not None:
+                self._accept_other_nodes(listener, (fd_config, self.model_quant_config, None), timeout)
+        finally:
+            if listener is not None:
+                listener.close()
+        self._owed = [1] * self.size  # the ready message
+        replies = self._collect(range(self.size), "start-up", timeout)
         self.start_memory = [replies[r] for r in range(self.local_size)]
+
+    def _accept_other_nodes(self, listener: socket.socket, config: tuple, timeout: Optional[float]) -> None:
+        """Accept the other nodes' ranks as they connect and send each the configuration (their own
+        node's command sets their thread count); a local rank failing meanwhile ends the wait."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while None in self._conns:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait([listener] + self._conns[: self.local_size], left)
+            if not ready:
+                missing = [r for r, c in enumerate(self._conns) if c is None]
+                self._fail(f"worker ranks {missing} of the other nodes did not connect within {timeout} s")
+            if listener not in ready:  # a local rank answered before the others joined: its error
+                self._owed = [1] * self.local_size + [0] * (self.size - self.local_size)
+                self._collect([self._conns.index(ready[0])], "start-up")
+            try:
+                rank, conn = accept_rank(listener)
+            except (OSError, EOFError, ValueError):
+                continue  # not one of ours
+            if not self.local_size <= rank < self.size or self._conns[rank] is not None:
+                conn.close()
+                continue
+            self._conns[rank] = conn
+            conn.send(config)
 
     # ---- the step ------------------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -165,7 +197,7 @@ class MultiprocExecutor(Executor):
 
     def collect(self) -> ModelRunnerOutput:
         """The result of the oldest submitted step (waits for it)."""
-        replies = self._collect(range(self.local_size), "step")
+        replies = self._collect(range(self.size), "step")
         self._steps_in_flight -= 1
         return replies[self.output_rank]
 
@@ -178,19 +210,19 @@ class MultiprocExecutor(Executor):
         """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident and parameter bytes now,
         collectives' and pipeline sends' time, count and bytes so far), in rank order."""
         replies = self._request(("stats",), "stats request")
-        return [replies[r] for r in range(self.local_size)]
+        return [replies[r] for r in range(self.size)]
 
     def _request(self, message: tuple, what: str) -> dict:
         """Send `message` to every rank (pickled once); their answers {rank: payload}."""
         if self._steps_in_flight:
             raise RuntimeError(f"a {what} while {self._steps_in_flight} submitted steps are in flight")
         self._send(message, what)
-        return self._collect(range(self.local_size), what)
+        return self._collect(range(self.size), what)
 
     def _send(self, message: tuple, what: str) -> None:
         self._check_usable()
         while max(self._owed) > self._steps_in_flight:  # answers of an interrupted request come first
-            self._collect([r for r in range(self.local_size) if self._owed[r] > self._steps_in_flight],
+            self._collect([r for r in range(self.size) if self._owed[r] > self._steps_in_flight],
                           f"interrupted request before this {what}")
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self._conns):
@@ -223,9 +255,8 @@ class MultiprocExecutor(Executor):
                     self._fail(self._describe_exit(rank))
                 self._owed[rank] -= 1
                 (errors if status == "error" else replies)[rank] = payload
-        if errors:  # every local rank answered: nobody here is stuck, the executor stays usable
-            # except at start-up, across nodes (an error there reaches us as rank 0's) and with pipeline
-            # stages (the later steps in flight, and the stages after the failed one, are stuck)
+        if errors:  # every rank answered: nobody is stuck, the executor stays usable, except at start-up,
+            # across nodes and with pipeline stages (later steps in flight, later stages are stuck)
             if what == "start-up" or self.nnodes > 1 or self.max_concurrent_batches > 1:
                 self._fail(self._error_message(what, errors))
             raise WorkerFailure(self._error_message(what, errors))
@@ -242,6 +273,8 @@ class MultiprocExecutor(Executor):
         return f"worker rank {rank} (pipeline stage {rank // self.tp_size}, tensor-parallel rank {rank % self.tp_size})"
 
     def _describe_exit(self, rank: int) -> str:
+        if rank >= self.local_size:
+            return f"{self._name(rank)} on another node closed its connection (it died, or its node did)"
         proc = self._procs[rank]
         try:
             code = proc.wait(timeout=2.0)
@@ -281,7 +314,7 @@ class MultiprocExecutor(Executor):
         for conn in self._conns:
             try:
                 conn.send(("shutdown",))
-            except OSError:
+            except (OSError, AttributeError):  # (None: a rank that never connected)
                 pass
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for proc in self._procs:
@@ -299,7 +332,8 @@ class MultiprocExecutor(Executor):
         for proc in self._procs:
             proc.wait()
         for conn in self._conns:
-            conn.close()
+            if conn is not None:
+                conn.close()
         self._conns = []
 
     def __del__(self):

@@ -1,25 +1,28 @@
-"""A tensor-parallel worker process: one rank of the model, driven by the engine process.
+"""A worker process: one rank of the model (a tensor-parallel rank of a pipeline stage), driven by
+the engine process.
 
 Started by executor/multiproc.py as `python -m fastdeploy.worker.tp_worker FD` with the rank's
 paddle.distributed variables in its environment (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
 MASTER_ADDR, MASTER_PORT, ...: the names `paddle.distributed.launch` sets) and FD, the file
-descriptor of its end of a socket pair with the engine. Over it (multiprocessing Connection
-messages):
+descriptor of its end of a socket pair with the engine. A rank on another node (started by
+worker/tp_node.py, no FD argument) connects to the engine over TCP instead
+(distributed/engine_link.py) and is then served alike. Over the connection (multiprocessing
+Connection messages):
 
     engine -> worker   (fd_config, quant_config, threads)   once, first (quant_config: the model's, the
-                                                         resolved weight format's; None: float32)
+                                                         resolved weight format's; None: float32;
+                                                         threads None: OMP_NUM_THREADS)
     worker -> engine   ("ready", resident bytes) | ("error", traceback text)
     engine -> worker   ("step", SchedulerOutput)     each step, to every rank
-    worker -> engine   ("ok", ModelRunnerOutput on rank 0, None elsewhere) | ("error", traceback text)
+    worker -> engine   ("ok", ModelRunnerOutput on the sampling rank, None elsewhere) | ("error", traceback text)
     engine -> worker   ("stats",) -> ("ok", WorkerStats);  ("shutdown",) -> exits
 
-A rank on another node (started by worker/tp_node.py, no FD argument) has no socket: rank 0
-forwards the configuration, each step and the shutdown to it (distributed/relay.py); it answers
-nothing and exits on any error, which rank 0's next collective reports.
-
-The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA), opens the checkpoint
-itself and loads only its shard (distributed/sharding.py). Every rank runs the same steps; rank 0
-samples and broadcasts the token ids so the others extend their request states identically.
+The worker joins the process group (gloo on CPU, NCCL where Paddle has CUDA) and its stage's
+tensor-parallel group, opens the checkpoint itself and loads only its stage's tensors, and of those
+its shard (distributed/pipeline.py, distributed/sharding.py). Every rank runs the same steps, in
+order; a stage after the first takes its input from the previous stage, one before the last sends
+its output on; the last stage's tp rank 0 samples and broadcasts the token ids so its stage's other
+ranks extend their request states identically.
 It exits when the engine closes its end (the engine died) and ignores Ctrl-C (the engine handles it).
 """
 from __future__ import annotations
@@ -165,17 +168,14 @@ class TensorParallelModelRunner(ModelRunner):
         return tokens, logprobs
 
 
-def serve(conn: Connection, runner, rank: int, relay=None) -> None:
-    """Answer the engine's messages until it says shutdown or goes away; rank 0 forwards steps and
-    shutdown to the other nodes' ranks through `relay` (distributed/relay.py) when there are any."""
+def serve(conn: Connection, runner) -> None:
+    """Answer the engine's messages until it says shutdown or goes away."""
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             message = ("shutdown",)
         kind = message[0]
-        if relay is not None and kind in ("step", "shutdown"):
-            relay.send(message)
         if kind == "shutdown":
             return
         try:
@@ -197,54 +197,37 @@ def serve(conn: Connection, runner, rank: int, relay=None) -> None:
             return
 
 
-def serve_relayed(relay, runner) -> None:
-    """A rank on another node: run the steps rank 0 forwards until it forwards shutdown."""
-    while True:
-        message = relay.recv()
-        if message[0] == "shutdown":
-            return
-        runner.execute_model(message[1])
-
-
 def main(argv: list[str]) -> int:
-    """argv: [FD of the socket to the engine], or [] for a rank on another node (tp_node.py)."""
+    """argv: [FD of the socket to the engine], or [] for a rank on another node (tp_node.py), which
+    connects to the engine over TCP (distributed/engine_link.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
-    conn = Connection(int(argv[0])) if argv else None
-    rank, world = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
-    local_size = world // int(os.environ.get("PADDLE_NNODES", "1"))
+    if argv:
+        conn = Connection(int(argv[0]))
+    else:
+        from fastdeploy.distributed.engine_link import ENGINE_PORT_OFFSET, connect_to_engine
+
+        conn = connect_to_engine(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + ENGINE_PORT_OFFSET,
+                                 int(os.environ["PADDLE_TRAINER_ID"]))
     try:
-        fd_config, quant_config, threads = (conn.recv() if conn else
-                                            (None, None, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        paddle.base.core.set_num_threads(threads)
+        fd_config, quant_config, threads = conn.recv()
+        if fd_config.world_size != int(os.environ["PADDLE_TRAINERS_NUM"]):  # a node's command given other sizes
+            raise ValueError(f"this worker was started for {os.environ['PADDLE_TRAINERS_NUM']} ranks, but the engine "
+                             f"runs {fd_config.world_size} (pipeline_parallel_size={fd_config.pipeline_parallel_size} "
+                             f"x tensor_parallel_size={fd_config.tensor_parallel_size}); start tp_node with those")
+        paddle.base.core.set_num_threads(threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
         reuse_freed_memory()
         init_process_group()
-        relay = None
-        if local_size < world:
-            from fastdeploy.distributed.relay import Relay
-
-            relay = Relay(world, local_size)  # every rank takes part in creating the group
-            if rank == 0:
-                relay.send((fd_config, quant_config))
-            elif rank >= local_size:
-                fd_config, quant_config = relay.recv()
         group, stage = join_rank_groups(fd_config)
         runner = build_runner(fd_config, quant_config, group, stage)
         return_freed_memory()
-        if relay is not None:  # rank 0 is ready once the other nodes' ranks (which cannot tell the engine) are
-            paddle.distributed.barrier()
     except BaseException:
-        if conn is None:
-            raise  # another node's rank: its traceback goes to that node's stderr; rank 0's collectives fail
         try:
             conn.send(("error", traceback.format_exc()))
         except OSError:
             pass
         return 1
-    if conn is None:
-        serve_relayed(relay, runner)
-        return 0
     conn.send(("ready", resident_bytes()))
-    serve(conn, runner, rank, relay if rank == 0 else None)  # the engine node's other ranks relay nothing
+    serve(conn, runner)
     return 0
 
 
