@@ -7,9 +7,9 @@ communication), so the single-process path is unchanged. A worker (worker/tp_wor
 after `paddle.distributed.init_parallel_env()` and before building the model.
 
 Ranks are laid out stage-major (vLLM's order): global rank = stage x tensor_parallel_size + tp rank.
-Collectives run on paddle.distributed (gloo on CPU, NCCL on GPU): a tensor-parallel group's on the
-group of its stage's ranks, the pipeline's point to point between the same tp rank of neighbouring
-stages (every tp rank holds the whole hidden state after its all-reduce).
+Collectives run on paddle.distributed (gloo on CPU, NCCL on GPU) on the group of a stage's ranks;
+the hidden states go from each tp rank to the same tp rank of the next stage (every tp rank holds
+the whole hidden state after its all-reduce) over the stage's link (distributed/pipeline.py).
 """
 from __future__ import annotations
 
@@ -76,14 +76,11 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
 
 class PipelineStage:
     """Stage `index` of `size`, holding decoder layers `layers` (the embedding on the first stage, the
-    final norm and lm_head on the last). `prev_rank` / `next_rank`: the global ranks this rank receives
-    the hidden states from and sends them to (None at the ends). `bytes_sent` / `send_seconds` /
-    `recv_seconds`: totals so far, for benchmarks/."""
+    final norm and lm_head on the last). `link`: how the runner receives the previous stage's hidden
+    states and sends its own on (distributed/pipeline.py `StageLink`; None with one stage)."""
 
-    def __init__(self, index: int, size: int, layers: range, prev_rank=None, next_rank=None):
-        self.index, self.size, self.layers = index, size, layers
-        self.prev_rank, self.next_rank = prev_rank, next_rank
-        self.bytes_sent, self.send_seconds, self.recv_seconds = 0, 0.0, 0.0
+    def __init__(self, index: int, size: int, layers: range, link=None):
+        self.index, self.size, self.layers, self.link = index, size, layers, link
 
     @property
     def is_first(self) -> bool:
@@ -92,21 +89,6 @@ class PipelineStage:
     @property
     def is_last(self) -> bool:
         return self.index == self.size - 1
-
-    def send(self, hidden: paddle.Tensor) -> None:
-        """Hand `hidden` [n, hidden_size] float32 to the next stage (blocks until it receives)."""
-        start = time.perf_counter()
-        paddle.distributed.send(hidden, dst=self.next_rank)
-        self.send_seconds += time.perf_counter() - start
-        self.bytes_sent += hidden.shape[0] * hidden.shape[1] * hidden.element_size()
-
-    def recv(self, num_tokens: int, hidden_size: int) -> paddle.Tensor:
-        """The previous stage's hidden states of this step, [num_tokens, hidden_size] float32."""
-        start = time.perf_counter()
-        hidden = paddle.empty([num_tokens, hidden_size], dtype="float32")
-        paddle.distributed.recv(hidden, src=self.prev_rank)
-        self.recv_seconds += time.perf_counter() - start
-        return hidden
 
 
 SINGLE = TensorParallelGroup(0, 1)

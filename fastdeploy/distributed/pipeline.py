@@ -5,14 +5,30 @@ the L % P left over one each to the stages before the last, from the second-to-l
 first stage also the embedding, the last the final norm and lm_head (with tied embeddings the last
 stage reads the embedding's tensor into its lm_head, as one process does). Within a stage the
 layers are split over its tensor-parallel ranks as without stages (distributed/sharding.py).
+
+The hidden states of a step cross a stage boundary as one float32 [tokens, hidden] array (the
+layers' output with the residual added) over a TCP connection from tp rank t of stage s to tp rank t
+of stage s + 1 (`StageLink`), not paddle.distributed's point-to-point calls: gloo's send waits until
+the receiver is at its receive, and its pair groups failed to connect here, while a socket buffers a
+step's bytes (the stage goes on with its next step) and reports a peer's death as a closed
+connection. Each rank listens on the address it reaches the master by; the addresses are exchanged
+with one all-gather over the world group (`connect_stages`).
 """
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+import socket
+import time
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+import paddle
 
 from fastdeploy.config import VL_ARCHITECTURES, ModelConfig
 from fastdeploy.distributed.parallel_state import PipelineStage, stage_layers
+from fastdeploy.model_executor.host_arrays import as_paddle
+
+ADDRESS_BYTES = 64  # "host:port" of a rank's listener, padded, in the all-gather
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -44,3 +60,65 @@ def stage_weights(weights: Iterable[tuple[str, object]], stage: PipelineStage,
             keep = True
         if keep:
             yield name, tensor
+
+
+class StageLink:
+    """A rank's connections to its neighbours in the pipeline: `prev` (from the previous stage's rank)
+    and `next` (to the next stage's), connected sockets or None at the ends. `bytes_sent` /
+    `send_seconds` / `recv_seconds`: totals so far, for benchmarks/."""
+
+    def __init__(self, prev: Optional[socket.socket], next: Optional[socket.socket]):
+        self.prev, self.next = prev, next
+        self.bytes_sent, self.send_seconds, self.recv_seconds = 0, 0.0, 0.0
+
+    def send(self, hidden: paddle.Tensor) -> None:
+        """Hand `hidden` [n, hidden_size] float32 to the next stage (returns once the kernel has the bytes)."""
+        start = time.perf_counter()
+        data = np.ascontiguousarray(np.from_dlpack(hidden))
+        self.next.sendall(memoryview(data).cast("B"))
+        self.send_seconds += time.perf_counter() - start
+        self.bytes_sent += data.nbytes
+
+    def recv(self, num_tokens: int, hidden_size: int) -> paddle.Tensor:
+        """The previous stage's hidden states of this step, [num_tokens, hidden_size] float32.
+        ConnectionError when the previous stage's rank went away."""
+        start = time.perf_counter()
+        hidden = np.empty([num_tokens, hidden_size], dtype=np.float32)
+        view, got = memoryview(hidden).cast("B"), 0
+        while got < hidden.nbytes:
+            n = self.prev.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("the previous pipeline stage's rank closed its connection")
+            got += n
+        self.recv_seconds += time.perf_counter() - start
+        return as_paddle(hidden)
+
+
+def connect_stages(rank: int, world_size: int, tp_size: int, master_addr: str) -> StageLink:
+    """Called by every rank of the world (one all-gather): rank r listens for r - tp_size (the same tp
+    rank of the previous stage), connects to r + tp_size, and accepts."""
+    import paddle.distributed as dist
+
+    has_prev, has_next = rank >= tp_size, rank + tp_size < world_size
+    listener = socket.create_server((reachable_address(master_addr), 0)) if has_prev else None
+    mine = f"{listener.getsockname()[0]}:{listener.getsockname()[1]}" if listener else ""
+    addresses: list = []
+    dist.all_gather(addresses, as_paddle(np.frombuffer(mine.encode().ljust(ADDRESS_BYTES, b"\0"), np.uint8).copy()))
+    next_sock = prev_sock = None
+    if has_next:
+        host, port = bytes(addresses[rank + tp_size].numpy()).rstrip(b"\0").decode().rsplit(":", 1)
+        next_sock = socket.create_connection((host, int(port)))
+    if has_prev:
+        prev_sock, _ = listener.accept()
+        listener.close()
+    for sock in (prev_sock, next_sock):
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return StageLink(prev_sock, next_sock)
+
+
+def reachable_address(master_addr: str) -> str:
+    """The address of this machine's interface that routes to `master_addr` (the same machine: itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_addr, 9))  # a UDP connect sends nothing, it only picks the route
+        return probe.getsockname()[0]

@@ -66,7 +66,7 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(self.block_pool, cc.block_size, sc.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, sc.max_num_seqs, sc.max_num_batched_tokens,
                                    sc.enable_chunked_prefill, sc.long_prefill_token_threshold,
-                                   fd_config.speculative_config)
+                                   fd_config.speculative_config, executor.max_concurrent_batches)
         self.executor = executor
         parser = get_reasoning_parser(fd_config.reasoning_parser) if fd_config.reasoning_parser else None
         tool_parser = get_tool_parser(fd_config.tool_call_parser) if fd_config.tool_call_parser else None
@@ -198,16 +198,16 @@ class LLMEngine:
     def _step_pipelined(self) -> list[RequestOutput]:
         """Submit steps until `max_concurrent_batches` are in flight or none can be scheduled, then
         apply the oldest one's result."""
-        while len(self._in_flight) < self.executor.max_concurrent_batches:
-            scheduler_output = self.scheduler.schedule()
-            if scheduler_output.is_empty:
-                break
-            self._prepare_step(scheduler_output)
-            self.executor.submit(scheduler_output)
-            self._in_flight.append(scheduler_output)
-        if not self._in_flight:
-            return []
         try:
+            while len(self._in_flight) < self.executor.max_concurrent_batches:
+                scheduler_output = self.scheduler.schedule()
+                if scheduler_output.is_empty:
+                    break
+                self._prepare_step(scheduler_output)
+                self.executor.submit(scheduler_output)
+                self._in_flight.append(scheduler_output)
+            if not self._in_flight:
+                return []
             runner_output = self.executor.collect()
         except BaseException:
             self._in_flight.clear()

@@ -108,10 +108,10 @@ class ModelRunner:
         mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
         embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
         if not self.stage.is_first:  # the previous stage's output for these tokens
-            embeds = self.stage.recv(input_ids.shape[0], self.config.model_config.hidden_size)
+            embeds = self.stage.link.recv(input_ids.shape[0], self.config.model_config.hidden_size)
         hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
         if not self.stage.is_last:
-            self.stage.send(hidden)
+            self.stage.link.send(hidden)
             for state, n in scheduled:
                 state.num_computed_tokens += n
             return result

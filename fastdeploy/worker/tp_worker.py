@@ -40,6 +40,7 @@ import numpy as np
 import paddle  # after fastdeploy/__init__.py (the package is imported first): the MKL fix is set
 
 from fastdeploy.distributed.parallel_state import get_pp_stage
+from fastdeploy.distributed.pipeline import StageLink
 from fastdeploy.model_executor.host_arrays import as_paddle
 from fastdeploy.platforms.cpu import proc_bytes, return_freed_memory, reuse_freed_memory
 from fastdeploy.worker.model_runner import ModelRunner
@@ -110,13 +111,14 @@ def join_rank_groups(fd_config):
 
     from fastdeploy.distributed.parallel_state import (PipelineStage, TensorParallelGroup, set_pp_stage,
                                                        set_tp_group, stage_layers)
+    from fastdeploy.distributed.pipeline import connect_stages
 
     rank, tp, pp = dist.get_rank(), fd_config.tensor_parallel_size, fd_config.pipeline_parallel_size
     index, tp_rank = divmod(rank, tp)
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) if pp > 1 else None for s in range(pp)]
     group = TensorParallelGroup(tp_rank, tp, index * tp, groups[index])
-    layers = stage_layers(fd_config.model_config.num_hidden_layers, pp)[index]
-    stage = PipelineStage(index, pp, layers, rank - tp if index > 0 else None, rank + tp if index < pp - 1 else None)
+    link = connect_stages(rank, pp * tp, tp, fd_config.master_addr) if pp > 1 else None
+    stage = PipelineStage(index, pp, stage_layers(fd_config.model_config.num_hidden_layers, pp)[index], link)
     set_tp_group(group)
     set_pp_stage(stage)
     return group, stage
@@ -184,9 +186,10 @@ def serve(conn: Connection, runner) -> None:
                 reply = ("ok", output if runner.samples else None)
             elif kind == "stats":
                 group, stage = runner.group, runner.stage
+                link = stage.link or StageLink(None, None)
                 reply = ("ok", WorkerStats(resident_bytes(), parameter_bytes(runner.model), group.comm_seconds,
-                                           group.comm_calls, stage.index, stage.bytes_sent, stage.send_seconds,
-                                           stage.recv_seconds))
+                                           group.comm_calls, stage.index, link.bytes_sent, link.send_seconds,
+                                           link.recv_seconds))
             else:
                 reply = ("error", f"unknown message {kind!r}")
         except Exception:

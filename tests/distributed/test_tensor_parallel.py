@@ -208,15 +208,15 @@ def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama):
     try:
         ref = greedy_with_gaps(llm, TINY_PROMPTS, 16)
         executor = llm.llm_engine.executor
-        broadcast, sent = executor._broadcast, []
+        send, sent = executor._send, []
 
-        def broadcast_then_ctrl_c(payload):  # Ctrl-C on the 5th step, sent to the workers, not yet answered
-            broadcast(payload)
-            sent.append(payload)
+        def send_then_ctrl_c(message, what):  # Ctrl-C on the 5th step, sent to the workers, not yet answered
+            send(message, what)
+            sent.append(message)
             if len(sent) == 5:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        executor._broadcast = broadcast_then_ctrl_c
+        executor._send = send_then_ctrl_c
         # a test run started in the background by a shell ignores SIGINT: Ctrl-C's handler set here
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
@@ -224,8 +224,8 @@ def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama):
                 llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
         finally:
             signal.signal(signal.SIGINT, previous)
-        del executor._broadcast
-        assert len(sent) == 5 and executor._unanswered  # interrupted mid-step: its answers still pending
+        del executor._send
+        assert len(sent) == 5 and any(executor._owed)  # interrupted mid-step: its answers still pending
         # the interrupted step's answers are drained first; the next call gets its own tokens
         assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 16), ref, "after Ctrl-C")
     finally:

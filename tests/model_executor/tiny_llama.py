@@ -29,8 +29,8 @@ def write_tokenizer(path: Path) -> None:
 
 
 def make_tiny_llama(path: Path, tie: bool = False, rope_style: str = "rope_parameters", seed: int = 0,
-                    max_shard_size: str = "1GB"):
-    """Save a random 2-layer Llama (GQA 4:2) at `path`; returns the transformers model (float32).
+                    max_shard_size: str = "1GB", layers: int = 2):
+    """Save a random `layers`-layer Llama (GQA 4:2) at `path`; returns the transformers model (float32).
 
     rope_style: where config.json keeps rope_theta: "rope_parameters" (transformers >= 5),
     "top_level", or "rope_scaling" (with llama3 scaling, as Llama 3.1 configs do).
@@ -42,7 +42,7 @@ def make_tiny_llama(path: Path, tie: bool = False, rope_style: str = "rope_param
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         rms_norm_eps=1e-5, initializer_range=0.2, tie_word_embeddings=tie,
         bos_token_id=1, eos_token_id=2, pad_token_id=2,

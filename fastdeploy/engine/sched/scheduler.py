@@ -28,10 +28,12 @@ writes its next drafts' K/V after the step. If the pool cannot give those, it de
 usual. `update_from_output` counts only the accepted drafts as computed and frees the blocks past
 the request's tokens. Drafts' blocks are registered in the prefix cache only once accepted.
 
-With pipeline parallelism the engine keeps up to `pipeline_parallel_size` steps in flight (engine.py):
-a request of a step whose result has not come back is not scheduled again (its tokens and
-`num_computed_tokens` are not known yet) nor preempted, and `update_from_output` takes the results
-in the order the steps were built. Each `CachedRequestData` carries the tokens sampled for the
+With pipeline parallelism the engine keeps up to `pipeline_parallel_size` = P steps in flight
+(engine.py): a request of a step whose result has not come back is not scheduled again (its tokens
+and `num_computed_tokens` are not known yet) nor preempted, and `update_from_output` takes the
+results in the order the steps were built. A step then holds at most 1/P of the active requests
+(ceil(min(max_num_seqs, running + waiting) / P)), so the requests form P micro-batches that keep every
+stage busy instead of one batch that leaves the next step empty. Each `CachedRequestData` carries the tokens sampled for the
 request since the runner last heard of it, for the stages that sample nothing.
 
 When the pool has no block for a request of steps 1-2, the most recently admitted running request
@@ -73,6 +75,7 @@ class Scheduler:
         enable_chunked_prefill: bool,
         long_prefill_token_threshold: int = 0,
         speculative_config: Optional[SpeculativeConfig] = None,
+        max_in_flight: int = 1,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
@@ -86,6 +89,7 @@ class Scheduler:
         self._finished_ids: set[str] = set()  # finished since the last step: the runner drops them
         self._step: _Step = _Step(0)  # the last step built, kept for rollback
         self.in_flight: set[Request] = set()  # scheduled in a step whose result has not come back
+        self.max_in_flight = max_in_flight  # steps the engine keeps in flight (pipeline stages)
         self.spec_policy = SpeculationPolicy(speculative_config) if speculative_config is not None else None
         self.lookahead = speculative_config.draft_lookahead if speculative_config is not None else 0
 
@@ -100,7 +104,8 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        step = self._step = _Step(self.max_num_batched_tokens)
+        active = min(self.max_num_seqs, len(self.running) + len(self.waiting))
+        step = self._step = _Step(self.max_num_batched_tokens, -(-active // self.max_in_flight))
         self.kv_cache_manager.begin_step()
         ready = [r for r in self.running if r not in self.in_flight]
         decodes = [r for r in ready if r.num_tokens - r.num_computed_tokens == 1]
@@ -109,7 +114,7 @@ class Scheduler:
             step.draft_room = self.spec_policy.draft_rows(len(decodes))
         prefills = [r for r in ready if r.num_tokens - r.num_computed_tokens > 1]
         for request in decodes + prefills:
-            if request not in self.running:  # preempted while making room for an earlier one
+            if request not in self.running or step.full:  # preempted while making room for an earlier one
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, self.prefill_cap, step.budget)
             num_new = whole_items_chunk(request.mm_features, request.num_computed_tokens, num_new, step.budget)
@@ -181,7 +186,7 @@ class Scheduler:
         return drafts
 
     def _admit_waiting(self, step: "_Step") -> None:
-        while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and step.budget > 0 and len(self.running) < self.max_num_seqs and not step.full:
             request = self.waiting[0]
             prefix = self.kv_cache_manager.get_computed_blocks(request)
             computed = prefix.num_tokens
@@ -211,7 +216,8 @@ class Scheduler:
                 return
             scheduled = step.tokens.get(request, 0)
             remaining = request.num_tokens - request.num_computed_tokens - scheduled
-            if request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0 or request in self.in_flight:
+            if (request.num_tokens - request.num_computed_tokens <= 1 or remaining <= 0 or request in self.in_flight
+                    or (step.full and request not in step.tokens)):
                 continue
             start = request.num_computed_tokens + scheduled
             room = self.kv_cache_manager.num_tokens_fitting(request) - start
@@ -360,8 +366,9 @@ def _new_request_data(request: Request) -> NewRequestData:
 class _Step:
     """The step being built (and, until its result is applied, what `rollback` undoes)."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, max_requests: int = 0):
         self.budget = budget
+        self.max_requests = max_requests  # requests the step may hold (a share of them, with steps in flight)
         self.tokens: dict[Request, int] = {}  # insertion order = schedule order
         self.preempted: list[Request] = []
         self.admitted: list[tuple[Request, object]] = []  # (request, its num_cached_tokens before)
@@ -369,6 +376,10 @@ class _Step:
         self.speculating = False  # requests may verify drafts in this step (the policy's batch rule)
         self.drafts: dict[Request, list[int]] = {}  # the drafts each speculating decode verifies
         self.draft_room = 0  # draft rows the step may still verify (the policy's row cap)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tokens) >= self.max_requests
 
     def add(self, request: Request, num_new: int) -> None:
         self.tokens[request] = self.tokens.get(request, 0) + num_new

@@ -88,18 +88,22 @@ class CausalLM(paddle.nn.Layer):
                                   self.make_rope(config, max_model_len))
         self.tp_group = get_tp_group()  # more than one rank: lm_head holds this rank's vocabulary rows
         self.embedding_reads_lm_head = False
-        if self.has_lm_head and self.model.stage.is_last:
+        if self.has_lm_head:
             self._build_lm_head(config, quant_config)
 
     def _build_lm_head(self, config: ModelConfig, quant_config: Optional[QuantConfig]) -> None:
         # lm_head W [hidden, vocab]: a transposed copy of the embedding when tied (25% faster GEMM on
         # CPU than the embedding's [vocab, hidden]), or the embedding's GGUF blocks
         source = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        method = select_linear_method(quant_config, [source])
+        stage = self.model.stage
+        # one packed or GGUF copy serves both (each rank: its rows); a first pipeline stage before the
+        # last holds it for its embedding alone, in the format one process would
+        self.embedding_reads_lm_head = config.tie_word_embeddings and reads_rows(method) and stage.is_first
+        if not (stage.is_last or self.embedding_reads_lm_head):
+            return
         self.lm_head = Linear(config.hidden_size, {None: local_vocab_size(config.vocab_size, self.tp_group)},
-                              config.lm_head_bias, select_linear_method(quant_config, [source]))
-        # one packed or GGUF copy serves both (each rank: its rows), when one stage holds both
-        self.embedding_reads_lm_head = (config.tie_word_embeddings and reads_rows(self.lm_head.method)
-                                        and self.model.stage.is_first)
+                              config.lm_head_bias and stage.is_last, method)
         if self.embedding_reads_lm_head:  # the embedding DecoderModel built gives way: its objects are kept for reuse
             release_parameters(self.model.embed_tokens.parameters())
             tied = TiedEmbedding(self.lm_head)
