@@ -11,8 +11,11 @@ weight format of `--formats` (every rank packs its own shard, so the format is k
   * pp2, pp3: `pipeline_parallel_size=2` / `3`;
   * pp2tp2: `pipeline_parallel_size=2, tensor_parallel_size=2` (four ranks);
   * pp2-nodes: P = 2 as two local "nodes" over loopback: the engine with `nnodes=2` runs stage 0,
-    a `python -m fastdeploy.worker.tp_node --node-rank 1` process (started by the child) stage 1.
-Every layout but tp1 computes in worker processes, the cores split between a node's ranks.
+    a `python -m fastdeploy.worker.tp_node --node-rank 1` process (started by the child) stage 1,
+    each node on half the cores (CPU affinity), as two machines would be.
+Every layout but tp1 computes in worker processes, a node's cores split between its ranks; so pp2
+and pp2-nodes compute alike and differ in how steps and hidden states travel (local sockets
+against the nodes' TCP links).
 
 Each configuration runs in a fresh child process and reports:
   * start-up: wall time of LLM(...);
@@ -61,23 +64,34 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def start_other_node(pp: int, tp: int, port: int) -> subprocess.Popen:
-    """Node 1 of two on this machine: `python -m fastdeploy.worker.tp_node`, this checkout's code."""
+def node_cores(nnodes: int) -> list[set]:
+    """This process's cores cut into `nnodes` equal parts, one per local node (all of them for each
+    when there are fewer cores than nodes)."""
+    cores = sorted(os.sched_getaffinity(0))
+    n = len(cores) // nnodes
+    return [set(cores[i * n:(i + 1) * n]) for i in range(nnodes)] if n else [set(cores)] * nnodes
+
+
+def start_other_node(pp: int, tp: int, port: int, cores: set) -> subprocess.Popen:
+    """Node 1 of two on this machine, on `cores`: `python -m fastdeploy.worker.tp_node`, this checkout's code."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_node", "--tensor-parallel-size", str(tp),
                              "--pipeline-parallel-size", str(pp), "--nnodes", "2", "--node-rank", "1",
-                             "--master-addr", "127.0.0.1", "--master-port", str(port)], env=env)
+                             "--master-addr", "127.0.0.1", "--master-port", str(port)], env=env,
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
 
 def child(model: str, config: str, weight_format: str, batch: int, tokens: int) -> dict:
+    pp, tp, nnodes = CONFIGS[config]
+    cores = node_cores(nnodes)
+    os.sched_setaffinity(0, cores[0])  # node 0's share: the engine's ranks size their threads from it
     import fastdeploy  # noqa: F401  (first: CPU environment before paddle)
     from fastdeploy.executor.multiproc import free_port
 
-    pp, tp, nnodes = CONFIGS[config]
     if nnodes == 1:
         return measure(model, pp, tp, {}, weight_format, batch, tokens)
     port = free_port("127.0.0.1")
-    node = start_other_node(pp, tp, port)
+    node = start_other_node(pp, tp, port, cores[1])
     try:
         return measure(model, pp, tp, dict(nnodes=nnodes, master_port=port), weight_format, batch, tokens)
     finally:
