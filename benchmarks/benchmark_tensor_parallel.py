@@ -216,13 +216,16 @@ def main():
     formats = choices(parser, "--formats", args.formats, FORMATS)
     configs = choices(parser, "--configs", args.configs, CONFIGS)
     print(f"load average at start: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
+    failed = []
     for label, path in model_paths(args.models.split(","), Path(args.ernie_dir)).items():
         for weight_format in formats:
             if path.endswith(".gguf") and weight_format.startswith("wint"):
                 print(f"=== {label}: {weight_format} skipped (quantization applies to float checkpoints) ===")
                 continue
-            report(label, path, weight_format, configs, args)
+            failed += report(label, path, weight_format, configs, args)
     print(f"load average at end: {os.getloadavg()}")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 def describe(config: str) -> str:
@@ -234,20 +237,23 @@ def listed(values: list, fmt: str = ".1f") -> str:
     return ", ".join(f"{v:{fmt}}" for v in values) or "-"
 
 
-def report(label: str, path: str, weight_format: str, configs: list[str], args) -> None:
+def report(label: str, path: str, weight_format: str, configs: list[str], args) -> list[str]:
     """Run each configuration of one model in one format, each in a fresh process, and print their
-    rows, then each one's ratios to tp1 when tp1 ran."""
-    results = {}
+    rows, then each one's ratios to tp1 when tp1 ran; returns the failed runs' names (their errors
+    printed, the others still run)."""
+    held = {"float32": " (its blocks as stored)", "bfloat16": " (blocks dequantized)"} if path.endswith(".gguf") else {}
+    print(f"=== {label}, {weight_format}{held.get(weight_format, '')}: batch {args.batch} x {args.tokens} tokens, "
+          f"{KV_BLOCKS} KV blocks of {BLOCK_SIZE} ===")
+    results, failed = {}, []
     for config in configs:
         out = subprocess.run([sys.executable, __file__, "--child", path, config, weight_format,
                               "--batch", str(args.batch), "--tokens", str(args.tokens)],
                              env=ENV_AT_START, capture_output=True, text=True)
         if out.returncode:
-            sys.exit(f"{config} ({describe(config)}) {weight_format} on {label} failed:\n{out.stderr[-3000:]}")
+            failed.append(f"{config} {weight_format} on {label}")
+            print(f"{config} ({describe(config)}) {weight_format} on {label} failed:\n{out.stderr[-3000:]}")
+            continue
         results[config] = json.loads(out.stdout.strip().splitlines()[-1])
-    held = {"float32": " (its blocks as stored)", "bfloat16": " (blocks dequantized)"} if path.endswith(".gguf") else {}
-    print(f"=== {label}, {weight_format}{held.get(weight_format, '')}: batch {args.batch} x {args.tokens} tokens, "
-          f"{KV_BLOCKS} KV blocks of {BLOCK_SIZE} ===")
     for config, r in results.items():
         pipeline = ""
         if r["sent_kib_per_step_batched"]:
@@ -269,6 +275,7 @@ def report(label: str, path: str, weight_format: str, configs: list[str], args) 
               f"single stream {r['decode_tok_s'] / one['decode_tok_s']:.2f}x, largest rank's parameters "
               f"{max(r['params_gib']) / max(one['params_gib']):.2f}x, largest rank RSS "
               f"{max(r['rss_gib']) / max(one['rss_gib']):.2f}x")
+    return failed
 
 
 if __name__ == "__main__":
