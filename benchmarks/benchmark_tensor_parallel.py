@@ -261,8 +261,8 @@ def report(label: str, path: str, weight_format: str, configs: list[str], args) 
                         f"{listed(r['sent_kib_per_step_batched'])} KiB, single-stream decode "
                         f"{listed(r['sent_kib_per_decode_step'], '.2f')} KiB, waiting for the previous stage "
                         f"{listed(r['recv_wait_ms_per_decode_step'])} ms per single-stream decode step")
-        print(f"{config} ({describe(config)}): start-up {r['startup_s']:.1f} s, batched {r['batched_tok_s']:.1f} tok/s, "
-              f"single stream {r['decode_tok_s']:.1f} tok/s ({r['step_ms']:.1f} ms/step, collectives "
+        print(f"{config} ({describe(config)}): start-up {r['startup_s']:.1f} s, batched "
+              f"{r['batched_tok_s']:.1f} tok/s, single stream {r['decode_tok_s']:.1f} tok/s ({r['step_ms']:.1f} ms/step, collectives "
               f"{listed(r['comm_ms_per_step'])} ms/step per rank){pipeline}; RSS per process holding weights "
               f"{listed(r['rss_gib'], '.2f')} GiB (parameters {listed(r['params_gib'], '.3f')} GiB; bare process "
               f"{r['bare_rss_gib']:.2f}, engine process {r['engine_rss_gib']:.2f}); fp32 weights "
