@@ -31,6 +31,7 @@ before the next step.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
 import signal
@@ -44,11 +45,14 @@ from typing import Optional
 
 from fastdeploy.config import FDConfig
 from fastdeploy.distributed.engine_link import ENGINE_PORT_OFFSET, accept_rank, listen
+from fastdeploy.distributed.parallel_state import stage_layers
 from fastdeploy.distributed.sharding import TensorParallelShard
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
 from fastdeploy.platforms.cpu import engine_threads
 from fastdeploy.worker.output import ModelRunnerOutput
+
+logger = logging.getLogger("fastdeploy")
 
 ERROR_GRACE_S = 5.0  # after one rank's error, how long the others may take to answer before the executor is broken
 SHUTDOWN_GRACE_S = 5.0  # how long workers may take to exit when asked, before they are killed
@@ -67,13 +71,13 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def check_port_free(host: str, port: int) -> None:
-    """ValueError naming the port when another process holds it at `host`."""
+def check_port_free(host: str, port: int, what: str = "master_port") -> None:
+    """ValueError naming the port (as `what`) when another process holds it at `host`."""
     with socket.socket() as s:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise ValueError(f"master_port={port} on {host} is in use ({e.strerror}); choose another port "
+            raise ValueError(f"{what}={port} on {host} is in use ({e.strerror}); choose another master_port "
                              "or leave master_port unset to pick a free one") from None
 
 
@@ -119,6 +123,12 @@ class MultiprocExecutor(Executor):
         auto_port = fd_config.master_port is None
         if not auto_port:
             check_port_free(self.master_addr, fd_config.master_port)
+        if self.nnodes > 1:  # where the other nodes' ranks connect
+            check_port_free(self.master_addr, fd_config.master_port + ENGINE_PORT_OFFSET, "master_port + 1")
+        if fd_config.pipeline_parallel_size > 1:
+            layers = stage_layers(fd_config.model_config.num_hidden_layers, fd_config.pipeline_parallel_size)
+            logger.info("pipeline stages (decoder layers): %s%s", ", ".join(f"{r.start}-{r.stop - 1}" for r in layers),
+                        "" if len({len(r) for r in layers}) == 1 else " (uneven: the layers do not divide)")
         for attempt in range(PORT_RETRIES if auto_port else 1):
             port = free_port(self.master_addr) if auto_port else fd_config.master_port
             try:
@@ -207,8 +217,8 @@ class MultiprocExecutor(Executor):
         self._steps_in_flight = 0
 
     def worker_stats(self) -> list:
-        """Each of this node's ranks' WorkerStats (worker/tp_worker.py: resident and parameter bytes now,
-        collectives' and pipeline sends' time, count and bytes so far), in rank order."""
+        """Every rank's WorkerStats (worker/tp_worker.py: resident and parameter bytes now, collectives'
+        and pipeline sends' time, count and bytes so far), in rank order, other nodes' included."""
         replies = self._request(("stats",), "stats request")
         return [replies[r] for r in range(self.size)]
 

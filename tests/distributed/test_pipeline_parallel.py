@@ -3,8 +3,9 @@
 Oracle for the tokens: the single-process engine on the same checkpoint (itself tested against
 transformers in tests/model_executor/), greedy tokens equal up to a near-tie of the P = 1 run
 (helpers.assert_same_greedy), seeded sampling equal, logprobs close. Splits: P = 2 (even), P = 3 on
-4 layers (1 / 2 / 1: uneven), P = 2 x T = 2, on a tiny dense Llama (tied and untied embeddings) and
-the tiny MoE models (Qwen3-MoE and ERNIE-4.5-MoE, 3 layers: 2 / 1). The batch queue: P steps in flight,
+4 layers (1 / 2 / 1: uneven), P = 2 x T = 2, on a tiny dense Llama (tied and untied embeddings), the
+tiny MoE models (Qwen3-MoE and ERNIE-4.5-MoE, 3 layers: 2 / 1) and the default model (P = 2, 3, 4
+(uneven), 2 x 2). The batch queue: P steps in flight,
 no request in two of them. Faults: a SIGKILLed stage, a stage raising mid-run, Ctrl-C, bad splits.
 """
 import os
@@ -17,8 +18,9 @@ import pytest
 from fastdeploy import LLM, SamplingParams
 from fastdeploy.executor.multiproc import WorkerFailure
 
-from test_tensor_parallel import (FAULT_DEADLINE_S, TINY_PROMPTS, alive, assert_close_logprobs, assert_same_tokens,
-                                  child_pids, greedy_with_gaps)
+from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN
+from test_tensor_parallel import (FAULT_DEADLINE_S, SMOLLM_PROMPTS, TINY_PROMPTS, alive, assert_close_logprobs,
+                                  assert_same_tokens, child_pids, greedy_with_gaps)
 from tiny_llama import make_tiny_llama
 from tiny_moe import make_tiny_moe
 
@@ -81,6 +83,22 @@ def test_moe_stages_give_the_tokens_of_one_process(tmp_path, family):
             assert_same_as(llm, ref, f"{family} P={pp} T={tp}")
         finally:
             llm.shutdown()
+
+
+@pytest.mark.parametrize("pp,tp", [(2, 1), (3, 1), (4, 1), (2, 2)])
+def test_default_model_stages_give_the_tokens_of_one_process(smollm_llm, smollm_path, pp, tp):
+    """SmolLM2-135M's 30 layers as 15 / 15, 10 / 10 / 10, 7 / 8 / 8 / 7 (uneven) and two stages of two ranks."""
+    ref = greedy_with_gaps(smollm_llm, SMOLLM_PROMPTS, 24)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)
+    theirs = smollm_llm.generate(SMOLLM_PROMPTS, seeded, use_tqdm=False)
+    llm = LLM(model=smollm_path, pipeline_parallel_size=pp, tensor_parallel_size=tp,
+              max_model_len=SMOLLM_MAX_MODEL_LEN, block_size=SMOLLM_BLOCK_SIZE, max_num_seqs=16)
+    try:
+        assert_same_tokens(greedy_with_gaps(llm, SMOLLM_PROMPTS, 24), ref, f"SmolLM2 P={pp} T={tp}")
+        ours = llm.generate(SMOLLM_PROMPTS, seeded, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in theirs]
+    finally:
+        llm.shutdown()
 
 
 def test_each_stage_holds_its_share_of_the_parameters(tiny_llama4):

@@ -1,10 +1,11 @@
-"""Tensor parallelism over two "nodes" on this machine: the engine's node 0 runs rank 0, a
-`python -m fastdeploy.worker.tp_node --node-rank 1` process runs rank 1, which gets its
-configuration and steps from rank 0 through paddle.distributed (distributed/relay.py).
+"""Tensor and pipeline parallelism over two "nodes" on this machine: the engine's node 0 runs rank 0,
+a `python -m fastdeploy.worker.tp_node --node-rank 1` process runs rank 1 (the second tensor-parallel
+rank, or the second pipeline stage), which connects to the engine over TCP (distributed/engine_link.py)
+for its configuration and steps.
 
 Oracle: the single-process engine's greedy tokens (up to near-ties). Faults: rank 1 SIGKILLed on
-its node makes the generate fail within seconds (through rank 0's failing collective), the next
-generate too; shutdown() ends the other node's command with status 0.
+its node makes the generate fail within seconds naming it, the next generate too; shutdown() ends the
+other node's command with status 0.
 """
 import os
 import signal
@@ -33,10 +34,11 @@ def tiny_llama(tmp_path_factory):
     return str(path)
 
 
-def start_node_1(port: int) -> subprocess.Popen:
+def start_node_1(port: int, mode: str = "tensor") -> subprocess.Popen:
+    """The other node's command for two ranks of `mode` ("tensor" or "pipeline") parallelism."""
     root = os.path.dirname(os.path.dirname(fastdeploy.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_node", "--tensor-parallel-size", "2",
+    return subprocess.Popen([sys.executable, "-m", "fastdeploy.worker.tp_node", f"--{mode}-parallel-size", "2",
                              "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
                              "--master-port", str(port)], env=env)
 
@@ -53,14 +55,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_give_the_tokens_of_one_process_and_shut_down_cleanly(tiny_llama):
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_two_nodes_give_the_tokens_of_one_process_and_shut_down_cleanly(tiny_llama, mode):
     single = LLM(model=tiny_llama, **SETTINGS)
     ref = greedy_with_gaps(single, TINY_PROMPTS, 16)
     single.shutdown()
     port = free_port()
-    node = start_node_1(port)
+    node = start_node_1(port, mode)
     try:
-        llm = LLM(model=tiny_llama, tensor_parallel_size=2, nnodes=2, master_port=port, **SETTINGS)
+        llm = LLM(model=tiny_llama, nnodes=2, master_port=port, **{f"{mode}_parallel_size": 2}, **SETTINGS)
         assert len(llm.llm_engine.executor.pids) == 1  # only rank 0 runs on the engine's node
         assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 16), ref, "two nodes")
         llm.shutdown()
@@ -71,11 +74,12 @@ def test_two_nodes_give_the_tokens_of_one_process_and_shut_down_cleanly(tiny_lla
             node.wait()
 
 
-def test_killed_rank_on_the_other_node_is_an_error_within_seconds(tiny_llama):
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_killed_rank_on_the_other_node_is_an_error_within_seconds(tiny_llama, mode):
     port = free_port()
-    node = start_node_1(port)
+    node = start_node_1(port, mode)
     try:
-        llm = LLM(model=tiny_llama, tensor_parallel_size=2, nnodes=2, master_port=port, **SETTINGS)
+        llm = LLM(model=tiny_llama, nnodes=2, master_port=port, **{f"{mode}_parallel_size": 2}, **SETTINGS)
         rank_0 = llm.llm_engine.executor.pids[0]
         outcome = {}
 
@@ -92,7 +96,8 @@ def test_killed_rank_on_the_other_node_is_an_error_within_seconds(tiny_llama):
         os.kill(node_1_worker(node), signal.SIGKILL)
         thread.join(10)
         assert not thread.is_alive(), "generate still running 10 s after the other node's rank was killed"
-        assert isinstance(outcome.get("error"), WorkerFailure), outcome
+        error = outcome.get("error")
+        assert isinstance(error, WorkerFailure) and "rank 1" in str(error) and "another node" in str(error), error
         with pytest.raises(WorkerFailure):
             llm.generate(TINY_PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
         assert not alive(rank_0)
@@ -102,3 +107,12 @@ def test_killed_rank_on_the_other_node_is_an_error_within_seconds(tiny_llama):
         if node.poll() is None:
             node.kill()
             node.wait()
+
+
+def test_engine_port_for_other_nodes_in_use_is_refused(tiny_llama):
+    with socket.socket() as busy:
+        port = free_port()
+        busy.bind(("127.0.0.1", port + 1))
+        busy.listen()
+        with pytest.raises(ValueError, match=f"master_port \\+ 1={port + 1} on 127.0.0.1 is in use"):
+            LLM(model=tiny_llama, pipeline_parallel_size=2, nnodes=2, master_port=port, **SETTINGS)

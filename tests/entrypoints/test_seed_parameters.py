@@ -60,8 +60,8 @@ VLLM_LLM_LIST = dict(dtype="auto", gpu_memory_utilization=0.9, max_model_len=204
                      trust_remote_code=False, pipeline_parallel_size=1)
 VLLM_DTYPES = ("auto", "float16", "bfloat16", "float32")  # "dtype: ... (auto, float16, bfloat16, float32)"
 # values of the page's examples this engine cannot serve: a clear ValueError each
-VLLM_REFUSED = [(dict(pipeline_parallel_size=4), r"pipeline_parallel_size=4: pipeline parallelism is not implemented yet \(only 1\)"),
-                (dict(task="transcription"), r"task must be one of \['auto', 'generate', 'embed', 'classify', 'score', 'reward'\], got 'transcription'")]
+# (its pipeline_parallel_size=4 is served: tests/distributed/test_pipeline_parallel.py)
+VLLM_REFUSED = [(dict(task="transcription"), r"task must be one of \['auto', 'generate', 'embed', 'classify', 'score', 'reward'\], got 'transcription'")]
 # its "SamplingParams Configuration" example, verbatim
 VLLM_SAMPLING_LIST = dict(n=1, temperature=0.8, top_p=0.95, top_k=50, max_tokens=100, stop=[".", "!", "?"],
                           presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logprobs=None)
@@ -280,7 +280,7 @@ def test_vllm_sampling_list_verbatim(tiny):
                                                           r"a str of such ints separated by commas or None, got '8002,x'"),
     (dict(trust_remote_code="yes"), TypeError, r"trust_remote_code must be True or False, got 'yes'"),
     (dict(pipeline_parallel_size=0), ValueError, r"pipeline_parallel_size must be an int >= 1, got 0"),
-    (dict(pipeline_parallel_size=2), ValueError, r"pipeline parallelism is not implemented yet \(only 1\)"),
+    (dict(pipeline_parallel_size=True), ValueError, r"pipeline_parallel_size must be an int >= 1, got True"),
     (dict(dtype="half"), ValueError, r"dtype must be one of \['auto', 'bfloat16', 'float16', 'float32'\], got 'half'"),
 ])
 def test_bad_values_name_field_value_and_allowed(no_loading, kwargs, error, match):
