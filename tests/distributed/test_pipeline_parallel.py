@@ -10,7 +10,6 @@ no request in two of them. Faults: a SIGKILLed stage, a stage raising mid-run, C
 """
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -20,7 +19,8 @@ from fastdeploy.executor.multiproc import WorkerFailure
 
 from helpers import SMOLLM_BLOCK_SIZE, SMOLLM_MAX_MODEL_LEN
 from test_tensor_parallel import (FAULT_DEADLINE_S, SMOLLM_PROMPTS, TINY_PROMPTS, alive, assert_close_logprobs,
-                                  assert_same_tokens, child_pids, greedy_with_gaps)
+                                  assert_same_tokens, child_pids, ctrl_c_after, failing_step, generate_in_thread,
+                                  greedy_with_gaps)
 from tiny_llama import make_tiny_llama
 from tiny_moe import make_tiny_moe
 
@@ -192,19 +192,6 @@ def test_pooling_model_is_refused(tiny_llama4):
 
 
 # ---- faults ----------------------------------------------------------------------------------------------
-def generate_in_thread(llm, outcome: dict) -> threading.Thread:
-    def long_generate():
-        try:
-            llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
-            outcome["error"] = None
-        except Exception as e:  # noqa: BLE001 (the error is the result)
-            outcome["error"], outcome["at"] = e, time.monotonic()
-
-    thread = threading.Thread(target=long_generate)
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_sigkilled_stage_fails_the_generate_in_time_and_leaves_no_process(tiny_llama4, stage):
     llm = LLM(model=tiny_llama4, pipeline_parallel_size=3, **SETTINGS)
@@ -226,26 +213,9 @@ def test_sigkilled_stage_fails_the_generate_in_time_and_leaves_no_process(tiny_l
     llm.shutdown()
 
 
-STEP_FAILURE = '''
-import os
-if os.environ.get("PADDLE_TRAINER_ID") == "1":  # the last stage raises in its fourth step
-    from fastdeploy.worker import model_runner
-
-    calls = [0]
-    original = model_runner.ModelRunner.execute_model
-
-    def execute_model(self, out):
-        calls[0] += 1
-        if calls[0] == 4:
-            raise RuntimeError("stage 1 step failure (injected by the test)")
-        return original(self, out)
-
-    model_runner.ModelRunner.execute_model = execute_model
-'''
-
-
 def test_exception_in_a_stage_is_an_error_naming_it_not_a_hang(tiny_llama4, tmp_path, monkeypatch):
-    (tmp_path / "sitecustomize.py").write_text(STEP_FAILURE)  # imported by every new Python process
+    # the last stage raises in its fourth step (sitecustomize: imported by every new Python process)
+    (tmp_path / "sitecustomize.py").write_text(failing_step(1, 4, "stage 1 step failure (injected by the test)"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     llm = LLM(model=tiny_llama4, pipeline_parallel_size=2, **SETTINGS)
     pids = llm.llm_engine.executor.pids
@@ -263,26 +233,10 @@ def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama4):
     llm = LLM(model=tiny_llama4, pipeline_parallel_size=2, **SETTINGS)
     try:
         ref = greedy_with_gaps(llm, TINY_PROMPTS, 16)
-        executor = llm.llm_engine.executor
-        submit, sent = executor.submit, []
-
-        def submit_then_ctrl_c(scheduler_output):  # Ctrl-C after the 6th step went out: 2 in flight
-            submit(scheduler_output)
-            sent.append(scheduler_output)
-            if len(sent) == 6:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        executor.submit = submit_then_ctrl_c
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        del executor.submit
-        assert len(sent) == 6 and any(executor._owed)  # steps in flight: their answers still pending
+        ctrl_c_after(llm, "submit", 6)  # two steps in flight
+        assert any(llm.llm_engine.executor._owed)  # their answers still pending
         assert not llm.llm_engine.scheduler.in_flight and not llm.llm_engine._in_flight
         assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 16), ref, "after Ctrl-C")
-        assert not any(executor._owed)
+        assert not any(llm.llm_engine.executor._owed)
     finally:
         llm.shutdown()

@@ -172,11 +172,9 @@ def test_unsplittable_model_is_refused_before_any_worker_starts(tiny_llama):
 
 
 # ---- faults ------------------------------------------------------------------------------------------
-def test_sigkilled_worker_fails_this_and_the_next_generate_and_leaves_no_process(tiny_llama):
-    llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
-    pids = llm.llm_engine.executor.pids
-    outcome = {}
-
+def generate_in_thread(llm, outcome: dict) -> threading.Thread:
+    """A long generate running on a thread; `outcome` gets its "error" (None when it finished) and
+    the time it raised ("at")."""
     def long_generate():
         try:
             llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
@@ -186,6 +184,13 @@ def test_sigkilled_worker_fails_this_and_the_next_generate_and_leaves_no_process
 
     thread = threading.Thread(target=long_generate)
     thread.start()
+    return thread
+
+
+def test_sigkilled_worker_fails_this_and_the_next_generate_and_leaves_no_process(tiny_llama):
+    llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
+    pids, outcome = llm.llm_engine.executor.pids, {}
+    thread = generate_in_thread(llm, outcome)
     time.sleep(1.0)
     assert thread.is_alive(), "the generate finished before the worker could be killed mid-run"
     os.kill(pids[1], signal.SIGKILL)
@@ -203,29 +208,36 @@ def test_sigkilled_worker_fails_this_and_the_next_generate_and_leaves_no_process
     llm.shutdown()
 
 
+def ctrl_c_after(llm, method: str, calls: int) -> None:
+    """Run a long generate that Ctrl-C interrupts right after the executor's `method` was called
+    `calls` times (the step sent to the workers, not yet answered); KeyboardInterrupt expected."""
+    executor = llm.llm_engine.executor
+    original, made = getattr(executor, method), []
+
+    def then_ctrl_c(*args):
+        original(*args)
+        made.append(args)
+        if len(made) == calls:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    setattr(executor, method, then_ctrl_c)
+    # a test run started in the background by a shell ignores SIGINT: Ctrl-C's handler set here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        delattr(executor, method)
+    assert len(made) == calls
+
+
 def test_ctrl_c_mid_generate_leaves_a_usable_llm(tiny_llama):
     llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
     try:
         ref = greedy_with_gaps(llm, TINY_PROMPTS, 16)
-        executor = llm.llm_engine.executor
-        send, sent = executor._send, []
-
-        def send_then_ctrl_c(message, what):  # Ctrl-C on the 5th step, sent to the workers, not yet answered
-            send(message, what)
-            sent.append(message)
-            if len(sent) == 5:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        executor._send = send_then_ctrl_c
-        # a test run started in the background by a shell ignores SIGINT: Ctrl-C's handler set here
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                llm.generate(TINY_PROMPTS * 4, SamplingParams(max_tokens=400, ignore_eos=True), use_tqdm=False)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        del executor._send
-        assert len(sent) == 5 and any(executor._owed)  # interrupted mid-step: its answers still pending
+        ctrl_c_after(llm, "_send", 5)
+        assert any(llm.llm_engine.executor._owed)  # interrupted mid-step: its answers still pending
         # the interrupted step's answers are drained first; the next call gets its own tokens
         assert_same_tokens(greedy_with_gaps(llm, TINY_PROMPTS, 16), ref, "after Ctrl-C")
     finally:
@@ -255,9 +267,11 @@ def test_rank_failing_at_load_surfaces_its_message(tiny_llama, tmp_path, monkeyp
     assert child_pids() <= before, (child_pids(), before)  # no new process left
 
 
-STEP_FAILURE = '''
+def failing_step(rank: int, step: int, message: str) -> str:
+    """A sitecustomize.py making worker `rank` raise RuntimeError(message) in its `step`-th step."""
+    return f'''
 import os
-if os.environ.get("PADDLE_TRAINER_ID") == "1":  # rank 1 raises in its third step, before any collective
+if os.environ.get("PADDLE_TRAINER_ID") == "{rank}":
     from fastdeploy.worker import model_runner
 
     calls = [0]
@@ -265,8 +279,8 @@ if os.environ.get("PADDLE_TRAINER_ID") == "1":  # rank 1 raises in its third ste
 
     def execute_model(self, out):
         calls[0] += 1
-        if calls[0] == 3:
-            raise RuntimeError("rank 1 step failure (injected by the test)")
+        if calls[0] == {step}:
+            raise RuntimeError("{message}")
         return original(self, out)
 
     model_runner.ModelRunner.execute_model = execute_model
@@ -274,7 +288,8 @@ if os.environ.get("PADDLE_TRAINER_ID") == "1":  # rank 1 raises in its third ste
 
 
 def test_exception_on_one_rank_mid_run_is_an_error_not_a_hang(tiny_llama, tmp_path, monkeypatch):
-    (tmp_path / "sitecustomize.py").write_text(STEP_FAILURE)
+    # rank 1 raises in its third step, before any collective
+    (tmp_path / "sitecustomize.py").write_text(failing_step(1, 3, "rank 1 step failure (injected by the test)"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     llm = LLM(model=tiny_llama, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=64)
     pids = llm.llm_engine.executor.pids
