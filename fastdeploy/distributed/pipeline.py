@@ -11,8 +11,9 @@ layers' output with the residual added) over a TCP connection from tp rank t of 
 of stage s + 1 (`StageLink`), not paddle.distributed's point-to-point calls: gloo's send waits until
 the receiver is at its receive, and its pair groups failed to connect here, while a socket buffers a
 step's bytes (the stage goes on with its next step) and reports a peer's death as a closed
-connection. Each rank listens on the address it reaches the master by; the addresses are exchanged
-with one all-gather over the world group (`connect_stages`).
+connection. Each rank listens on the address it reaches the master by; the addresses go through
+paddle.distributed's key-value store (`connect_stages`), not a collective over the world group: a
+world collective after the stages' groups were created timed out now and then.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from fastdeploy.config import VL_ARCHITECTURES, ModelConfig
 from fastdeploy.distributed.parallel_state import PipelineStage, stage_layers
 from fastdeploy.model_executor.host_arrays import as_paddle
 
-ADDRESS_BYTES = 64  # "host:port" of a rank's listener, padded, in the all-gather
+ADDRESS_KEY = "fastdeploy/stage_link"  # + "/rank": "host:port" of that rank's listener, in the store
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -95,20 +96,22 @@ class StageLink:
 
 
 def connect_stages(rank: int, world_size: int, tp_size: int, master_addr: str) -> StageLink:
-    """Called by every rank of the world (one all-gather): rank r listens for r - tp_size (the same tp
-    rank of the previous stage), connects to r + tp_size, and accepts."""
-    import paddle.distributed as dist
+    """Rank r listens for r - tp_size (the same tp rank of the previous stage), connects to r + tp_size
+    and accepts. The listeners' addresses go through paddle.distributed's key-value store (rank 0's,
+    which every rank joined at init); a get waits until the key is set."""
+    from paddle.base import core
 
+    store = core.create_or_get_global_tcp_store()
     has_prev, has_next = rank >= tp_size, rank + tp_size < world_size
     listener = socket.create_server((reachable_address(master_addr), 0)) if has_prev else None
-    mine = f"{listener.getsockname()[0]}:{listener.getsockname()[1]}" if listener else ""
-    addresses: list = []
-    dist.all_gather(addresses, as_paddle(np.frombuffer(mine.encode().ljust(ADDRESS_BYTES, b"\0"), np.uint8).copy()))
+    if listener is not None:
+        host, port = listener.getsockname()[:2]
+        store.set(f"{ADDRESS_KEY}/{rank}", f"{host}:{port}")
     next_sock = prev_sock = None
     if has_next:
-        host, port = bytes(addresses[rank + tp_size].numpy()).rstrip(b"\0").decode().rsplit(":", 1)
+        host, port = bytes(store.get(f"{ADDRESS_KEY}/{rank + tp_size}")).decode().rsplit(":", 1)
         next_sock = socket.create_connection((host, int(port)))
-    if has_prev:
+    if listener is not None:
         prev_sock, _ = listener.accept()
         listener.close()
     for sock in (prev_sock, next_sock):

@@ -127,7 +127,7 @@ class MultiprocExecutor(Executor):
             check_port_free(self.master_addr, fd_config.master_port + ENGINE_PORT_OFFSET, "master_port + 1")
         if fd_config.pipeline_parallel_size > 1:
             layers = stage_layers(fd_config.model_config.num_hidden_layers, fd_config.pipeline_parallel_size)
-            logger.info("pipeline stages (decoder layers): %s%s", ", ".join(f"{r.start}-{r.stop - 1}" for r in layers),
+            logger.info("pipeline stages (decoder layers): %s%s", ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in layers),
                         "" if len({len(r) for r in layers}) == 1 else " (uneven: the layers do not divide)")
         for attempt in range(PORT_RETRIES if auto_port else 1):
             port = free_port(self.master_addr) if auto_port else fd_config.master_port

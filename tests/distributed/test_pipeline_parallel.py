@@ -8,6 +8,7 @@ tiny MoE models (Qwen3-MoE and ERNIE-4.5-MoE, 3 layers: 2 / 1) and the default m
 (uneven), 2 x 2). The batch queue: P steps in flight,
 no request in two of them. Faults: a SIGKILLed stage, a stage raising mid-run, Ctrl-C, bad splits.
 """
+import logging
 import os
 import signal
 import time
@@ -59,12 +60,15 @@ def assert_same_as(llm, ref, what: str, prompts=TINY_PROMPTS) -> None:
 
 # ---- the same tokens as one process ----------------------------------------------------------------
 @pytest.mark.parametrize("tie", [False, True])
-def test_dense_stages_give_the_tokens_of_one_process(tmp_path, tie):
+def test_dense_stages_give_the_tokens_of_one_process(tmp_path, tie, caplog):
     path = tmp_path / "llama"
     make_tiny_llama(path, tie=tie, layers=4)
     ref = reference(str(path))
+    caplog.set_level(logging.INFO, logger="fastdeploy")
     for pp, tp in ((2, 1), (3, 1), (2, 2)):  # 2 / 2, 1 / 2 / 1 layers; two stages of two ranks
         llm = LLM(model=str(path), pipeline_parallel_size=pp, tensor_parallel_size=tp, **SETTINGS)
+        if pp == 3:
+            assert "pipeline stages (decoder layers): 0, 1-2, 3 (uneven" in caplog.text
         try:
             stats = llm.llm_engine.executor.worker_stats()
             assert [s.stage for s in stats] == [r // tp for r in range(pp * tp)]

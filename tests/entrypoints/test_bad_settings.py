@@ -115,9 +115,12 @@ def test_invalid_settings_raise_before_loading(no_loading, kwargs, field):
 
 
 @pytest.mark.parametrize("kwargs", [{"tensor_parallel_size": 3, "nnodes": 2, "master_port": 29500},
-                                    {"tensor_parallel_size": 2, "nnodes": 2}])
+                                    {"tensor_parallel_size": 2, "nnodes": 2},
+                                    {"tensor_parallel_size": 3, "pipeline_parallel_size": 3, "nnodes": 2,
+                                     "master_port": 29500}])
 def test_nodes_must_divide_the_ranks_and_know_the_master_port(no_loading, kwargs):
-    with pytest.raises(ValueError, match=r"^nnodes must divide tensor_parallel_size=\d and, above 1, come with a master_port"):
+    with pytest.raises(ValueError, match=r"^nnodes must divide the ranks \(pipeline_parallel_size x tensor_parallel_size "
+                                         r"= \d\) and, above 1, come with a master_port"):
         LLM(**kwargs)
 
 

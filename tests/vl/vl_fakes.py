@@ -11,6 +11,7 @@ class RecordingExecutor:
 
     TOKEN = 40
     sent: list = []
+    max_concurrent_batches = 1  # one step at a time
 
     def __init__(self, config, weights, quant_config=None):
         self.totals: dict[str, list[int]] = {}  # req_id -> [tokens in the sequence, tokens computed]
