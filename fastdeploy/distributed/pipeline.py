@@ -7,8 +7,10 @@ stage reads the embedding's tensor into its lm_head, as one process does). Withi
 layers are split over its tensor-parallel ranks as without stages (distributed/sharding.py).
 
 The hidden states of a step cross a stage boundary as one float32 [tokens, hidden] array (the
-layers' output with the residual added) over a TCP connection from tp rank t of stage s to tp rank t
-of stage s + 1 (`StageLink`), not paddle.distributed's point-to-point calls: gloo's send waits until
+layers' output with the residual added) over a TCP connection from tp rank 0 of stage s to tp rank 0
+of stage s + 1 (`StageLink`; with tensor parallelism every tp rank holds the whole array after its
+all-reduce, and the receiving tp rank 0 broadcasts it to its stage's others, so one copy crosses the
+boundary, which may be a link between machines), not paddle.distributed's point-to-point calls: gloo's send waits until
 the receiver is at its receive, and its pair groups failed to connect here, while a socket buffers a
 step's bytes (the stage goes on with its next step) and reports a peer's death as a closed
 connection. Each rank listens on the address it reaches the master by; the addresses go through
@@ -96,13 +98,16 @@ class StageLink:
 
 
 def connect_stages(rank: int, world_size: int, tp_size: int, master_addr: str) -> StageLink:
-    """Rank r listens for r - tp_size (the same tp rank of the previous stage), connects to r + tp_size
-    and accepts. The listeners' addresses go through paddle.distributed's key-value store (rank 0's,
-    which every rank joined at init); a get waits until the key is set."""
+    """Each stage's tp rank 0 (global rank r, a multiple of tp_size) listens for the previous stage's
+    (r - tp_size), connects to the next stage's (r + tp_size) and accepts; the other tp ranks get no
+    connection (their stage's tp rank 0 shares what it receives). The listeners' addresses go through
+    paddle.distributed's key-value store (rank 0's, which every rank joined at init); a get waits
+    until the key is set."""
     from paddle.base import core
 
     store = core.create_or_get_global_tcp_store()
-    has_prev, has_next = rank >= tp_size, rank + tp_size < world_size
+    leads = rank % tp_size == 0
+    has_prev, has_next = leads and rank >= tp_size, leads and rank + tp_size < world_size
     listener = socket.create_server((reachable_address(master_addr), 0)) if has_prev else None
     if listener is not None:
         host, port = listener.getsockname()[:2]

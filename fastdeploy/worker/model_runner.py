@@ -108,10 +108,10 @@ class ModelRunner:
         mm_rows = multimodal_rows(self.model, scheduled) if any(s.mm_features for s, _ in scheduled) else []
         embeds = inputs_embeds(self.model, input_ids, mm_rows) if mm_rows else None
         if not self.stage.is_first:  # the previous stage's output for these tokens
-            embeds = self.stage.link.recv(input_ids.shape[0], self.config.model_config.hidden_size)
+            embeds = self._receive_hidden(input_ids.shape[0])
         hidden = self.model(input_ids, positions, meta, embeds)  # [num_tokens, hidden]
         if not self.stage.is_last:
-            self.stage.link.send(hidden)
+            self._send_hidden(hidden)
             for state, n in scheduled:
                 state.num_computed_tokens += n
             return result
@@ -142,6 +142,14 @@ class ModelRunner:
                 proposing = [state for state in samplers if state.req_id in out.spec_decode_req_ids]
                 result.draft_token_ids = self.proposer.propose(proposing) if proposing else {}
         return result
+
+    def _receive_hidden(self, num_tokens: int) -> paddle.Tensor:
+        """The previous pipeline stage's output for this step's tokens, [num_tokens, hidden] float32."""
+        return self.stage.link.recv(num_tokens, self.config.model_config.hidden_size)
+
+    def _send_hidden(self, hidden: paddle.Tensor) -> None:
+        """This stage's output [num_tokens, hidden] to the next pipeline stage."""
+        self.stage.link.send(hidden)
 
     def _sample(self, logits: np.ndarray, samplers: list[CachedRequestState], drafts: list[list[int]],
                 grammar: Optional[GrammarBitmask]) -> tuple[list[list[int]], list]:

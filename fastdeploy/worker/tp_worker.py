@@ -150,6 +150,19 @@ class TensorParallelModelRunner(ModelRunner):
         super().__init__(fd_config, model, samples=group.rank == 0 and get_pp_stage().is_last)
         self.group = group
 
+    def _receive_hidden(self, num_tokens: int) -> paddle.Tensor:
+        """tp rank 0 receives the previous stage's output and broadcasts it to the stage's other ranks."""
+        if self.group.rank == 0:
+            hidden = super()._receive_hidden(num_tokens)
+        else:
+            hidden = paddle.empty([num_tokens, self.config.model_config.hidden_size], dtype="float32")
+        return self.group.broadcast(hidden, src=0) if self.group.size > 1 else hidden
+
+    def _send_hidden(self, hidden: paddle.Tensor) -> None:
+        """tp rank 0 sends (every rank holds the same all-reduced output)."""
+        if self.group.rank == 0:
+            super()._send_hidden(hidden)
+
     def _sample(self, logits, samplers, drafts, grammar):
         """Rank 0 samples and verifies; every rank gets each sampler's kept tokens (a broadcast of one
         slot per row: the kept count first, the tokens after it, so every rank knows the size)."""

@@ -73,6 +73,8 @@ def test_dense_stages_give_the_tokens_of_one_process(tmp_path, tie, caplog):
             stats = llm.llm_engine.executor.worker_stats()
             assert [s.stage for s in stats] == [r // tp for r in range(pp * tp)]
             assert_same_as(llm, ref, f"tie={tie} P={pp} T={tp}")
+            sent = [s.pipeline_bytes_sent > 0 for s in llm.llm_engine.executor.worker_stats()]
+            assert sent == [r < (pp - 1) * tp and r % tp == 0 for r in range(pp * tp)]  # one copy per boundary
         finally:
             llm.shutdown()
 
