@@ -19,8 +19,9 @@ Faults never hang the caller:
 - start-up errors (a rank failing to join the group or to load) come back with the rank's traceback;
   an automatically chosen master port that another process took meanwhile (rank 0 checks it before
   Paddle's store binds it: the store aborts the process on a port in use), or a rendezvous whose
-  connection between ranks was refused (gloo's ranks listen on ports of their own, which another
-  process may hold or close in between), is retried on a new one.
+  connection between ranks was refused or timed out (gloo's ranks listen on ports of their own, which
+  another process may hold or close in between; creating a stage's group timed out once in CI), is
+  retried on a new one.
 With `nnodes` > 1 only this node's ranks are started here; the other nodes' ranks connect to the
 engine over TCP (distributed/engine_link.py) and are then served, and watched, as local ones.
 `shutdown()` (also from `__del__` and at interpreter exit) asks the workers to exit and kills the
@@ -57,7 +58,10 @@ logger = logging.getLogger("fastdeploy")
 ERROR_GRACE_S = 5.0  # after one rank's error, how long the others may take to answer before the executor is broken
 SHUTDOWN_GRACE_S = 5.0  # how long workers may take to exit when asked, before they are killed
 PORT_RETRIES = 3  # fresh automatic master ports tried when the chosen one was taken meanwhile
-_RETRIED_ON_A_NEW_PORT = ("address already in use", "address in use", "errno 98", "connection refused")
+# start-up failures retried on a new automatic port: a port taken meanwhile, gloo's ranks failing to
+# connect (refused, or a pair's connection timing out while a stage's group is created: seen in CI)
+_RETRIED_ON_A_NEW_PORT = ("address already in use", "address in use", "errno 98", "connection refused",
+                          "pair.cc")
 
 
 class WorkerFailure(RuntimeError):

@@ -340,9 +340,12 @@ def test_automatic_port_taken_before_rank_0_binds_it_is_retried(tiny_llama, monk
             llm.shutdown()
 
 
-def test_refused_rendezvous_is_retried_on_a_new_port(tiny_llama, monkeypatch):
-    """A start-up whose ranks could not connect (gloo: "connect [host]:port: Connection refused") is
-    retried from scratch on another automatic port."""
+@pytest.mark.parametrize("gloo_error", ["[gloo/transport/tcp/pair.cc:784] connect [127.0.0.1]:32666: Connection refused",
+                                        "[gloo/transport/tcp/pair.cc:914] TIMEOUT self_rank = 0 pair_rank = 1 "
+                                        "peer_str = [127.0.0.1]:32657"])
+def test_refused_rendezvous_is_retried_on_a_new_port(tiny_llama, monkeypatch, gloo_error):
+    """A start-up whose ranks could not connect (gloo: "Connection refused", or a pair's connection
+    timing out while a group is created) is retried from scratch on another automatic port."""
     from fastdeploy.executor import multiproc
 
     attempts, real_start = [], multiproc.MultiprocExecutor._start
@@ -350,8 +353,7 @@ def test_refused_rendezvous_is_retried_on_a_new_port(tiny_llama, monkeypatch):
     def refused_once(self, fd_config, port, timeout):
         attempts.append(port)
         if len(attempts) == 1:
-            raise WorkerFailure("rank 1 failed at start-up: RuntimeError: [gloo/transport/tcp/pair.cc:784] "
-                                "connect [127.0.0.1]:32666: Connection refused")
+            raise WorkerFailure(f"rank 1 failed at start-up: RuntimeError: {gloo_error}")
         return real_start(self, fd_config, port, timeout)
 
     monkeypatch.setattr(multiproc.MultiprocExecutor, "_start", refused_once)
