@@ -46,6 +46,13 @@ def check_pipeline_parallel(config: ModelConfig, size: int) -> None:
                          "parallelism yet (decoder-only text models are); use tensor_parallel_size")
 
 
+def describe_stages(num_layers: int, size: int) -> str:
+    """The layer ranges of `size` stages for the log, e.g. "0, 1-2, 3 (uneven: the layers do not divide)"."""
+    layers = stage_layers(num_layers, size)
+    ranges = ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in layers)
+    return ranges + ("" if num_layers % size == 0 else " (uneven: the layers do not divide)")
+
+
 def stage_weights(weights: Iterable[tuple[str, object]], stage: PipelineStage,
                   config: ModelConfig) -> Iterator[tuple[str, object]]:
     """The (checkpoint name, tensor) pairs stage `stage` loads, from the checkpoint's stream: its

@@ -46,7 +46,7 @@ from typing import Optional
 
 from fastdeploy.config import FDConfig
 from fastdeploy.distributed.engine_link import ENGINE_PORT_OFFSET, accept_rank, listen
-from fastdeploy.distributed.parallel_state import stage_layers
+from fastdeploy.distributed.pipeline import describe_stages
 from fastdeploy.distributed.sharding import TensorParallelShard
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.executor.abstract import Executor
@@ -108,8 +108,8 @@ class MultiprocExecutor(Executor):
         self.output_rank = self.size - self.tp_size  # the last stage's tp rank 0 samples
         tensor_types = getattr(quant_config, "tensor_types", None)  # GGUF: each quantized matrix's type
         packed_kind = getattr(model_quant_config, "kind", None)  # PackedConfig: bf16, wint8 or wint4
-        for rank in range(fd_config.tensor_parallel_size):  # ValueError before any worker starts
-            shard = TensorParallelShard(fd_config.model_config, rank, fd_config.tensor_parallel_size)
+        for rank in range(self.tp_size):  # ValueError before any worker starts
+            shard = TensorParallelShard(fd_config.model_config, rank, self.tp_size)
             if tensor_types:
                 shard.check_quantized_split(tensor_types)
             if packed_kind is not None:
@@ -130,9 +130,8 @@ class MultiprocExecutor(Executor):
         if self.nnodes > 1:  # where the other nodes' ranks connect
             check_port_free(self.master_addr, fd_config.master_port + ENGINE_PORT_OFFSET, "master_port + 1")
         if fd_config.pipeline_parallel_size > 1:
-            layers = stage_layers(fd_config.model_config.num_hidden_layers, fd_config.pipeline_parallel_size)
-            logger.info("pipeline stages (decoder layers): %s%s", ", ".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else f"{r.start}" for r in layers),
-                        "" if len({len(r) for r in layers}) == 1 else " (uneven: the layers do not divide)")
+            logger.info("pipeline stages (decoder layers): %s",
+                        describe_stages(fd_config.model_config.num_hidden_layers, fd_config.pipeline_parallel_size))
         for attempt in range(PORT_RETRIES if auto_port else 1):
             port = free_port(self.master_addr) if auto_port else fd_config.master_port
             try:

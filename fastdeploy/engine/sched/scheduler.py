@@ -33,8 +33,8 @@ With pipeline parallelism the engine keeps up to `pipeline_parallel_size` = P st
 and `num_computed_tokens` are not known yet) nor preempted, and `update_from_output` takes the
 results in the order the steps were built. A step then holds at most 1/P of the active requests
 (ceil(min(max_num_seqs, running + waiting) / P)), so the requests form P micro-batches that keep every
-stage busy instead of one batch that leaves the next step empty. Each `CachedRequestData` carries the tokens sampled for the
-request since the runner last heard of it, for the stages that sample nothing.
+stage busy instead of one batch that leaves the next step empty. Each `CachedRequestData` carries
+the tokens sampled for the request since the runner last heard of it, for the stages that sample nothing.
 
 When the pool has no block for a request of steps 1-2, the most recently admitted running request
 not in flight is preempted: its blocks are freed (kept in the prefix cache), its state reset to recompute, and it

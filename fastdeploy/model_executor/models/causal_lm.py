@@ -153,8 +153,10 @@ class CausalLM(paddle.nn.Layer):
             if name.endswith(self.IGNORED_WEIGHTS):
                 continue
             param_name, shard = parameter_of(name)
-            tied = name == "model.embed_tokens.weight" and self.config.tie_word_embeddings and "lm_head.weight" in params
-            if not (tied and (self.embedding_reads_lm_head or not self.model.stage.is_first)):  # else only lm_head holds it
+            tied = (name == "model.embed_tokens.weight" and self.config.tie_word_embeddings
+                    and "lm_head.weight" in params)
+            # no embedding parameter: it reads lm_head's rows, or this pipeline stage has no embedding
+            if param_name in params or not tied:
                 if param_name not in params:
                     raise ValueError(f"checkpoint tensor {name!r} is not a parameter of {self.config.architecture}")
                 self._load(name, params[param_name], tensor, shard)
